@@ -1,0 +1,34 @@
+# The targets people and CI run. Each installs what it needs on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CODEX_VERSION := 0.169.0
+
+.PHONY: run test lint bench bench-economics services clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+## Start the proxy on the embedded default (SQLite store, embedded core) on 127.0.0.1:8787.
+run: $(STAMP)
+	$(BIN)/ctxproxy serve
+
+## The whole test suite, with a real PostgreSQL server and the real Codex CLI.
+test: $(STAMP)
+	@. scripts/services.sh && $(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.overhead
+
+bench-economics: $(STAMP)
+	$(BIN)/python -m bench.economics
+
+clean:
+	rm -rf $(VENV) .cache

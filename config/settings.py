@@ -1,0 +1,160 @@
+"""Settings: every knob ctxproxy has, each with its env var, default and meaning."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "CTXPROXY_"
+SERVICE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "ctxproxy"
+
+
+class SettingsError(ValueError):
+    """A setting has a value ctxproxy cannot start with; the message names the variable."""
+
+
+class Settings(BaseSettings):
+    """ctxproxy's configuration. Built once in ``main()`` and passed down."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # --- the HTTP edge -------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to listen on (the container sets 0.0.0.0).")
+    port: int = Field(8787, ge=0, le=65535, description="Port to listen on.")
+    public_url: str | None = Field(
+        None, description="Address the model can reach this proxy at; default http://HOST:PORT."
+    )
+    upstream_url: str = Field(
+        "https://api.openai.com/v1", description="The real Responses API base URL."
+    )
+    upstream_api_key: SecretStr | None = Field(
+        None, description="Replaces the client's Authorization when set; unset: forward the client's."
+    )
+    upstream_connect_timeout_s: float = Field(10.0, gt=0, description="Upstream connect timeout.")
+    upstream_read_timeout_s: float = Field(
+        900.0, gt=0, description="Upstream read timeout between bytes (reasoning models think long)."
+    )
+    max_body_mb: float = Field(32.0, gt=0, description="Largest request body accepted, in MiB.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level."
+    )
+    log_format: Literal["json", "text"] = Field("json", description="Log line format.")
+
+    # --- the history window --------------------------------------------------------------
+    keep_turns: int = Field(5, ge=1, description="User turns kept in the forwarded history.")
+    trim_slack: int = Field(
+        0,
+        ge=0,
+        description="Let the history grow this many turns past KEEP_TURNS before cutting back "
+        "(fewer prefix changes, warmer provider cache); 0 cuts on every turn.",
+    )
+
+    # --- identity ------------------------------------------------------------------------
+    team_id: str | None = Field(None, description="Team when the request has no x-team-id.")
+    agent_id: str | None = Field(None, description="Agent when the request has no x-agent-id.")
+    user_key: SecretStr | None = Field(
+        None, description="User key when the request has no x-tdai-user-key (never forwarded)."
+    )
+    service_id: str = Field(
+        "default", pattern=SERVICE_ID_PATTERN, description="Tenant id sent to the core."
+    )
+
+    # --- knowledge -----------------------------------------------------------------------
+    core_url: str | None = Field(None, description="Core service URL; unset: the embedded core.")
+    core_token: SecretStr | None = Field(None, description="Bearer token for the core service.")
+    core_timeout_ms: int = Field(1500, gt=0, description="Timeout of one core call.")
+    knowledge_ttl_s: float = Field(300.0, ge=0, description="How long discovery results are kept.")
+    knowledge_negative_ttl_s: float = Field(
+        30.0, ge=0, description="How long a failed discovery is remembered before retrying."
+    )
+
+    # --- memory --------------------------------------------------------------------------
+    data_dir: Path = Field(
+        default_factory=_default_data_dir, description="Where the SQLite store lives."
+    )
+    store_url: str | None = Field(
+        None, description="postgresql://... to share memory between replicas; unset: SQLite."
+    )
+    memory_enabled: bool = Field(True, description="Store and recall typed memory.")
+    working_ttl_s: float = Field(1800.0, gt=0, description="Sliding TTL of working memory.")
+    semantic_threshold: float = Field(
+        0.75, ge=0, le=1, description="Score a distilled fact needs to become semantic memory."
+    )
+    distill_interval_s: float = Field(5.0, gt=0, description="Distillation period.")
+    recall_k: int = Field(5, ge=0, description="Memories recalled per turn at most.")
+    memory_tokens: int = Field(1200, ge=0, description="Token budget of the memory blocks.")
+    memory_placement: Literal["split", "instructions"] = Field(
+        "split",
+        description="split: slow blocks in instructions, per-turn recall before the newest "
+        "turn; instructions: everything in instructions.",
+    )
+    weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
+    weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")
+    weight_semantic: float = Field(0.8, ge=0, description="Recall weight of semantic memory.")
+    ingest_queue_size: int = Field(1000, gt=0, description="Pending memory writes at most.")
+
+    @field_validator("upstream_url", "core_url", "public_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+    @property
+    def reachable_url(self) -> str:
+        """The base URL the model can curl (embedded knowledge service)."""
+        if self.public_url:
+            return self.public_url
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Build Settings from ``env`` (default: the process environment) plus overrides.
+
+    Raises SettingsError naming the first bad variable.
+    """
+    source = os.environ if env is None else env
+    values: dict[str, object] = {
+        name: source[ENV_PREFIX + name.upper()]
+        for name in Settings.model_fields
+        if ENV_PREFIX + name.upper() in source
+    }
+    values.update(overrides)
+    try:
+        # Values are passed explicitly so that tests never read the developer's environment.
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else "?"
+        raise SettingsError(f"{ENV_PREFIX}{name.upper()}: {err['msg']}") from exc
+
+
+def describe_settings() -> list[tuple[str, str, str]]:
+    """(env var, default, description) for every setting, for ``--help``."""
+    rows = []
+    for name, field in Settings.model_fields.items():
+        if field.default_factory is not None:
+            default = "per-user data dir"
+        elif field.default is None:
+            default = "unset"
+        else:
+            default = str(field.default)
+        rows.append((ENV_PREFIX + name.upper(), default, field.description or ""))
+    return rows

@@ -1,0 +1,55 @@
+"""The proxy's own errors, each mapped once, at the edge, to OpenAI-shaped JSON."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+
+class ProxyError(Exception):
+    """An error ctxproxy answers itself, before any byte of an upstream answer was sent."""
+
+    status = 500
+    type = "server_error"
+    code = "proxy_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, self.type, self.code)
+
+
+class BodyTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+def error_body(message: str, type_: str, code: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}})
+
+
+def error_response(status: int, message: str, type_: str, code: str) -> web.Response:
+    return web.Response(
+        status=status, body=error_body(message, type_, code), content_type="application/json"
+    )

@@ -1,0 +1,63 @@
+"""Which headers cross the proxy, in each direction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+# RFC 9110 7.6.1 hop-by-hop headers, plus the ones the proxy recomputes itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# Identity headers meant for ctxproxy alone: never forwarded upstream.
+PRIVATE_PREFIXES = ("x-tdai-", "x-ctxproxy-")
+
+
+def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
+    tokens: set[str] = set()
+    for value in headers.getall("connection", ()):
+        tokens.update(t.strip().lower() for t in value.split(","))
+    return tokens
+
+
+def _copy(headers: CIMultiDictProxy[str], drop: Iterable[str]) -> CIMultiDict[str]:
+    dropped = HOP_BY_HOP | _connection_tokens(headers) | set(drop)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in dropped or lower.startswith(PRIVATE_PREFIXES):
+            continue
+        out.add(name, value)
+    return out
+
+
+def request_headers(
+    headers: CIMultiDictProxy[str], upstream_authorization: str | None
+) -> CIMultiDict[str]:
+    """End-to-end request headers for the upstream; the configured key replaces the client's."""
+    out = _copy(headers, ("authorization",) if upstream_authorization else ())
+    if upstream_authorization:
+        out["Authorization"] = upstream_authorization
+    return out
+
+
+def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """End-to-end response headers for the client (length kept: the body is relayed unchanged)."""
+    out = _copy(headers, ())
+    if "content-length" in headers and "transfer-encoding" not in headers:
+        out["Content-Length"] = headers["content-length"]
+    return out

@@ -1,0 +1,52 @@
+"""Prometheus metrics, one registry per app (so that tests and replicas never share one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "ctxproxy_requests", "Requests by route and status.", ["route", "status"], registry=r
+        )
+        self.ttfb = Histogram(
+            "ctxproxy_upstream_ttfb_seconds", "Upstream time to first byte.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.duration = Histogram(
+            "ctxproxy_request_seconds", "Whole request time.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.turns_cut = Counter("ctxproxy_turns_cut", "User turns cut by the window.", registry=r)
+        self.fail_open = Counter(
+            "ctxproxy_fail_open", "Requests forwarded unchanged because a step failed.",
+            ["reason"], registry=r,
+        )
+        self.degraded = Counter(
+            "ctxproxy_degraded", "Knowledge or memory failures that left a block out.",
+            ["source"], registry=r,
+        )
+        self.knowledge_cache = Counter(
+            "ctxproxy_knowledge_cache", "Knowledge discovery cache lookups.", ["result"], registry=r
+        )
+        self.recall_seconds = Histogram(
+            "ctxproxy_memory_recall_seconds", "Memory recall latency.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.recall_hits = Counter(
+            "ctxproxy_memory_recalled", "Memories injected by recall.", registry=r
+        )
+        self.queue_depth = Gauge(
+            "ctxproxy_ingest_queue_depth", "Memory writes waiting.", registry=r
+        )
+        self.tokens = Counter(
+            "ctxproxy_upstream_tokens", "Input tokens reported by the upstream.", ["kind"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,82 @@
+"""Server-sent events, read on the side: the relay copies bytes, this only watches them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_COMPLETED = b"response.completed"
+_MAX_TAIL = 8 * 1024 * 1024
+
+
+class UsageTap:
+    """Finds ``usage`` in the ``response.completed`` event of a Responses stream.
+
+    Fed every relayed chunk; it only starts keeping bytes once the completed event appears,
+    so it costs a substring search per chunk and never delays the relay.
+    """
+
+    def __init__(self) -> None:
+        self._tail = bytearray()
+        self._seen = False
+        self._pending = b""  # the current, unfinished event
+
+    def feed(self, chunk: bytes) -> None:
+        if self._seen:
+            if len(self._tail) < _MAX_TAIL:
+                self._tail += chunk
+            return
+        buf = self._pending + chunk
+        at = buf.find(_COMPLETED)
+        if at >= 0:
+            self._seen = True
+            start = buf.rfind(b"\n\n", 0, at)
+            self._tail += buf[start + 2 if start >= 0 else 0 :]
+            return
+        end = buf.rfind(b"\n\n")
+        self._pending = buf[end + 2 :] if end >= 0 else buf
+
+    def usage(self) -> dict[str, int] | None:
+        """input/cached/output tokens of the completed response, or None."""
+        for event in parse_events(bytes(self._tail)):
+            data = event.get("data")
+            if not isinstance(data, dict) or data.get("type") != "response.completed":
+                continue
+            response = data.get("response")
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if not isinstance(usage, dict):
+                return None
+            details = usage.get("input_tokens_details") or {}
+            return {
+                "input_tokens": _int(usage.get("input_tokens")),
+                "cached_tokens": _int(details.get("cached_tokens") if isinstance(details, dict) else 0),
+                "output_tokens": _int(usage.get("output_tokens")),
+            }
+        return None
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def parse_events(data: bytes) -> list[dict[str, Any]]:
+    """Split an SSE byte stream into events ({'event': name, 'data': parsed JSON or str})."""
+    events = []
+    for block in data.replace(b"\r\n", b"\n").split(b"\n\n"):
+        name = None
+        lines = []
+        for line in block.split(b"\n"):
+            if line.startswith(b"event:"):
+                name = line[6:].strip().decode("utf-8", "replace")
+            elif line.startswith(b"data:"):
+                lines.append(line[5:].lstrip(b" "))
+        if not lines:
+            continue
+        payload = b"\n".join(lines)
+        try:
+            parsed: Any = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            parsed = payload.decode("utf-8", "replace")
+        events.append({"event": name, "data": parsed})
+    return events

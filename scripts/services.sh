@@ -1,0 +1,43 @@
+# Sourced by `make test`: makes sure a PostgreSQL server and the Codex CLI are there, and
+# exports CTXPROXY_TEST_PG_URL and CTXPROXY_TEST_CODEX for the tests. Installs from the
+# package registries on first use (Debian's postgresql, npm's @openai/codex).
+
+_ctx_root=$(pwd)
+_codex_version=${CODEX_VERSION:-0.169.0}
+
+_ctx_pg() {
+    if [ -n "${CTXPROXY_TEST_PG_URL:-}" ]; then return 0; fi
+    if ! command -v pg_ctlcluster >/dev/null 2>&1 || [ -z "$(ls /usr/lib/postgresql 2>/dev/null)" ]; then
+        echo "services: installing PostgreSQL (apt-get)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null || return 1
+    fi
+    local ver
+    ver=$(ls /usr/lib/postgresql | sort -n | tail -1)
+    if ! pg_lsclusters -h 2>/dev/null | grep -q "^$ver main"; then
+        pg_createcluster "$ver" main >/dev/null || return 1
+    fi
+    if ! pg_lsclusters -h | grep -q "^$ver main .* online"; then
+        pg_ctlcluster "$ver" main start || return 1
+    fi
+    local port
+    port=$(pg_lsclusters -h | awk -v v="$ver" '$1==v && $2=="main" {print $3}')
+    su postgres -c "psql -q -p $port -tc \"SELECT 1 FROM pg_roles WHERE rolname='ctxproxy'\"" | grep -q 1 ||
+        su postgres -c "psql -q -p $port -c \"CREATE ROLE ctxproxy LOGIN SUPERUSER PASSWORD 'ctxproxy'\"" >/dev/null
+    su postgres -c "psql -q -p $port -tc \"SELECT 1 FROM pg_database WHERE datname='ctxproxy_test'\"" | grep -q 1 ||
+        su postgres -c "createdb -p $port -O ctxproxy ctxproxy_test"
+    export CTXPROXY_TEST_PG_URL="postgresql://ctxproxy:ctxproxy@127.0.0.1:$port/ctxproxy_test"
+}
+
+_ctx_codex() {
+    if [ -n "${CTXPROXY_TEST_CODEX:-}" ]; then return 0; fi
+    local dir="$_ctx_root/.cache/codex-$_codex_version"
+    if [ ! -x "$dir/node_modules/.bin/codex" ]; then
+        echo "services: installing @openai/codex@$_codex_version (npm)" >&2
+        mkdir -p "$dir" && npm install --silent --no-audit --no-fund --prefix "$dir" "@openai/codex@$_codex_version" >/dev/null || return 1
+    fi
+    export CTXPROXY_TEST_CODEX="$dir/node_modules/.bin/codex"
+}
+
+_ctx_pg || echo "services: PostgreSQL could not be started" >&2
+_ctx_codex || echo "services: the Codex CLI could not be installed" >&2

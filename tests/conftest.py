@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config import Settings, load_settings
+from proxy.assemble import build_app
+from tests.fakes.server import Running, free_port, serve
+from tests.fakes.upstream import FakeUpstream
+
+SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never read the developer's CTXPROXY_* settings."""
+    for name in list(os.environ):
+        if name.startswith("CTXPROXY_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    fake = FakeUpstream()
+    running = await serve(fake.app())
+    fake.url = running.url  # type: ignore[attr-defined]
+    yield fake
+    await running.close()
+
+
+ProxyFactory = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def start_proxy(
+    upstream: FakeUpstream, tmp_path: Path
+) -> AsyncIterator[ProxyFactory]:
+    """Start ctxproxy (the full app, as served) in front of the fake upstream."""
+    started: list[Running] = []
+
+    async def start(**overrides: Any) -> Running:
+        values: dict[str, Any] = {
+            "upstream_url": upstream.url + "/v1",  # type: ignore[attr-defined]
+            "data_dir": tmp_path / "data",
+            "upstream_read_timeout_s": 5,
+            "port": free_port(),
+        }
+        values.update(overrides)
+        settings: Settings = load_settings(env={}, **values)
+        running = await serve(build_app(settings), port=settings.port)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        await running.close()
