@@ -41,16 +41,11 @@ def default_steps(app: web.Application) -> Sequence[pipeline.Step]:
     return [pipeline.WindowStep(settings.keep_turns, settings.trim_slack)]
 
 
-def create_app(
-    settings: Settings,
-    *,
-    steps: StepsFactory = default_steps,
-    extra_contexts: Sequence[Callable[[web.Application], AsyncIterator[None]]] = (),
-) -> web.Application:
+def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> web.Application:
     """Build the proxy app. Clients open in cleanup contexts; nothing runs at import time.
 
-    ``extra_contexts`` lets the knowledge and memory sides open their own resources (and
-    mount their routes' state) before the steps are built.
+    Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
+    before it starts; ``steps`` is called once at start-up, after every context is open.
     """
     app = web.Application(
         client_max_size=settings.max_body_bytes, middlewares=[access_middleware]
@@ -71,17 +66,16 @@ def create_app(
         yield
         await upstream.close()
 
-    async def steps_ctx(app: web.Application) -> AsyncIterator[None]:
+    async def on_startup(app: web.Application) -> None:
+        # on_startup handlers run after every cleanup context has opened.
         app[STEPS] = list(steps(app))
         app[READY]["ready"] = True
-        yield
-        app[READY]["ready"] = False
-
-    app.cleanup_ctx.extend([upstream_ctx, *extra_contexts, steps_ctx])
 
     async def on_shutdown(app: web.Application) -> None:
         app[READY]["ready"] = False  # stop taking new traffic; open streams finish
 
+    app.cleanup_ctx.append(upstream_ctx)
+    app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
 
     app.router.add_get("/healthz", healthz)

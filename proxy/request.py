@@ -73,12 +73,14 @@ class Exchange:
     """One request on its way through the pipeline.
 
     Steps replace ``body`` keys (never mutate the client's items in place) and set ``changed``;
-    what the window cut is kept in ``cut`` for the memory step.
+    ``history`` is the client's whole input and ``cut`` what the window removed from it, for
+    the memory step. ``notes`` go into the access-log line.
     """
 
     raw: bytes
     body: dict[str, Any]
     identity: Identity
+    history: list[Item] = field(default_factory=list)  # the client's whole input, as sent
     cut: list[Item] = field(default_factory=list)
     turns_in: int = 0
     turns_forwarded: int = 0
@@ -98,7 +100,12 @@ class Exchange:
         items = body.get("input")
         if items is not None and not isinstance(items, str | list):
             raise NotAResponsesRequest("input is neither a string nor a list")
-        return cls(raw=raw, body=body, identity=Identity.from_request(headers, body, settings))
+        return cls(
+            raw=raw,
+            body=body,
+            identity=Identity.from_request(headers, body, settings),
+            history=items if isinstance(items, list) else [],
+        )
 
     @property
     def items(self) -> list[Item] | None:
