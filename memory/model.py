@@ -1,0 +1,127 @@
+"""Typed memory: the records and the store interface every backend implements.
+
+The store is deliberately small: it keeps records and finds them; what goes in (ingest,
+distillation) and what comes out (recall, scoring) lives beside it, written once for every
+backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+MemoryType = Literal["working", "episodic", "semantic"]
+MEMORY_TYPES: tuple[MemoryType, ...] = ("working", "episodic", "semantic")
+
+_B32 = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+
+
+def new_memory_id(now: float | None = None) -> str:
+    """``mem_`` + 26 chars: 48-bit millisecond time then 80 random bits (a ULID), so ids are
+    globally unique and sort by creation time."""
+    ms = int((time.time() if now is None else now) * 1000)
+    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_B32[value & 31])
+        value >>= 5
+    return "mem_" + "".join(reversed(chars))
+
+
+def user_ref(user_key: str | None) -> str:
+    """The user part of a scope: a one-way digest of the user key, never the key itself."""
+    if not user_key:
+        return ""
+    return "u_" + hashlib.sha256(user_key.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Whose memory this is. Recall never crosses scopes: all four parts must match."""
+
+    service_id: str
+    team_id: str = ""
+    agent_id: str = ""
+    user: str = ""  # user_ref(user_key)
+
+
+@dataclass(slots=True)
+class Memory:
+    """One memory record.
+
+    ``key`` makes writes idempotent: (scope, type, key) is unique, so storing the same turn
+    twice updates one record. ``sources`` are the memory ids a record was merged or distilled
+    from. ``attrs`` is free-form JSON (e.g. a semantic fact's subject and score).
+    """
+
+    type: MemoryType
+    scope: Scope
+    key: str
+    text: str
+    memory_id: str = field(default_factory=new_memory_id)
+    session_id: str | None = None
+    turn_index: int | None = None
+    in_window: bool = False
+    sources: list[str] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    expires_at: float | None = None  # working memory's sliding TTL; None: never
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A search result: the memory and its full-text relevance (higher is better, > 0)."""
+
+    memory: Memory
+    relevance: float
+
+
+class StoreError(Exception):
+    """The store failed (down, locked, corrupt). Callers degrade; they never fail a request."""
+
+
+class Store(Protocol):
+    """What every backend (SQLite, PostgreSQL) provides. All methods raise StoreError only."""
+
+    async def open(self) -> None:
+        """Connect and run pending schema migrations."""
+
+    async def close(self) -> None: ...
+
+    async def upsert(self, memories: Sequence[Memory]) -> list[Memory]:
+        """Insert or update by (scope, type, key); an existing record keeps its memory_id and
+        created_at. Returns the stored records."""
+
+    async def get(self, memory_id: str) -> Memory | None: ...
+
+    async def delete(self, memory_ids: Sequence[str]) -> int:
+        """Delete these records; returns how many were deleted."""
+
+    async def search(
+        self,
+        scope: Scope,
+        query: str,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> list[Hit]:
+        """Ranked full-text search within one scope, skipping expired records."""
+
+    async def list(
+        self,
+        scope: Scope | None = None,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        session_id: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        now: float | None = None,
+    ) -> list[Memory]:
+        """Records newest first (by updated_at), filtered; ``scope=None`` lists every scope
+        (the CLI's view). Expired records are skipped."""
