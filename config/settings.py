@@ -29,7 +29,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     # --- the HTTP edge -------------------------------------------------------------------
-    host: str = Field("127.0.0.1", description="Address to listen on (the container sets 0.0.0.0).")
+    host: str = Field(
+        "127.0.0.1", description="Address to listen on (the container sets 0.0.0.0)."
+    )
     port: int = Field(8787, ge=0, le=65535, description="Port to listen on.")
     public_url: str | None = Field(
         None, description="Address the model can reach this proxy at; default http://HOST:PORT."
@@ -38,11 +40,12 @@ class Settings(BaseSettings):
         "https://api.openai.com/v1", description="The real Responses API base URL."
     )
     upstream_api_key: SecretStr | None = Field(
-        None, description="Replaces the client's Authorization when set; unset: forward the client's."
+        None,
+        description="Replaces the client's Authorization when set; unset: forward the client's.",
     )
     upstream_connect_timeout_s: float = Field(10.0, gt=0, description="Upstream connect timeout.")
     upstream_read_timeout_s: float = Field(
-        900.0, gt=0, description="Upstream read timeout between bytes (reasoning models think long)."
+        900.0, gt=0, description="Longest wait between upstream bytes (models think long)."
     )
     max_body_mb: float = Field(32.0, gt=0, description="Largest request body accepted, in MiB.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(

@@ -26,7 +26,7 @@ access_log = logging.getLogger("ctxproxy.access")
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
-STEPS = web.AppKey("steps", list)  # list[pipeline.Step], in order
+STEPS = web.AppKey("steps", Sequence[pipeline.Step])  # in order
 READY = web.AppKey("ready", dict)
 
 # What the access log reads from request.get(...), set by the handlers.

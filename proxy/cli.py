@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command_modules() -> list[object]:
+def _command_modules() -> list[Any]:
     from knowledge import cli as knowledge_cli
     from memory import cli as memory_cli
 

@@ -47,9 +47,9 @@ def untouchable(ex: Exchange) -> bool:
         return True
     if ex.identity.request_kind == "compaction":
         return True
-    items = ex.items
-    return bool(items) and isinstance(items[-1], dict) and items[-1].get("type") == (
-        "compaction_trigger"
+    items = ex.items or []
+    return bool(items) and isinstance(items[-1], dict) and (
+        items[-1].get("type") == "compaction_trigger"
     )
 
 

@@ -47,10 +47,11 @@ class UsageTap:
             usage = response.get("usage") if isinstance(response, dict) else None
             if not isinstance(usage, dict):
                 return None
-            details = usage.get("input_tokens_details") or {}
+            details = usage.get("input_tokens_details")
+            cached = details.get("cached_tokens") if isinstance(details, dict) else 0
             return {
                 "input_tokens": _int(usage.get("input_tokens")),
-                "cached_tokens": _int(details.get("cached_tokens") if isinstance(details, dict) else 0),
+                "cached_tokens": _int(cached),
                 "output_tokens": _int(usage.get("output_tokens")),
             }
         return None

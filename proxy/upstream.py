@@ -6,8 +6,6 @@ and on the relay's hot path that costs several times less CPU than h11 (bench/RE
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
@@ -54,7 +52,7 @@ class Upstream:
             return await self._session.request(
                 method, url, headers=headers, data=body, allow_redirects=False
             )
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             raise UpstreamTimeout("the upstream did not answer in time") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(

@@ -73,7 +73,7 @@ def is_message(item: Item) -> bool:
 
 
 def is_context(item: Item) -> bool:
-    """A message that belongs to the agent's context: system, developer, or a context user message."""
+    """A message of the agent's context: system, developer, or a user-role context message."""
     if not is_message(item):
         return item.get("type") == "additional_tools"
     role = item.get("role")

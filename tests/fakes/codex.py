@@ -11,7 +11,9 @@ SYSTEM_PROMPT = "You are a test coding agent. Be brief. " * 20
 
 def text(role: str, body: str) -> dict[str, Any]:
     kind = "output_text" if role == "assistant" else "input_text"
-    item: dict[str, Any] = {"type": "message", "role": role, "content": [{"type": kind, "text": body}]}
+    item: dict[str, Any] = {
+        "type": "message", "role": role, "content": [{"type": kind, "text": body}],
+    }
     if role == "assistant":
         item["status"] = "completed"
     return item
@@ -20,12 +22,16 @@ def text(role: str, body: str) -> dict[str, Any]:
 def context_items(cwd: str = "/home/dev/proj") -> list[dict[str, Any]]:
     return [
         text("developer", SYSTEM_PROMPT),
-        {"type": "message", "role": "developer", "content": [
-            {"type": "input_text", "text": "<permissions instructions>\nsandbox: none\n</permissions instructions>"},
-        ]},
+        {"type": "message", "role": "developer", "content": [{
+            "type": "input_text",
+            "text": "<permissions instructions>\nsandbox: none\n</permissions instructions>",
+        }]},
         {"type": "message", "role": "user", "content": [
-            {"type": "input_text", "text": f"# AGENTS.md instructions for {cwd}\n\n<INSTRUCTIONS>\nUse tabs.\n</INSTRUCTIONS>"},
-            {"type": "input_text", "text": f"<environment_context>\n  <cwd>{cwd}</cwd>\n</environment_context>"},
+            {"type": "input_text",
+             "text": f"# AGENTS.md instructions for {cwd}\n\n<INSTRUCTIONS>\nUse tabs.\n"
+                     "</INSTRUCTIONS>"},
+            {"type": "input_text",
+             "text": f"<environment_context>\n  <cwd>{cwd}</cwd>\n</environment_context>"},
         ]},
     ]
 
@@ -66,7 +72,9 @@ def session(turns: int, *, tools_every: int = 2, tail_prompt: bool = True) -> li
     return items
 
 
-def request(items: list[dict[str, Any]], session_id: str = "sess-1", **extra: Any) -> dict[str, Any]:
+def request(
+    items: list[dict[str, Any]], session_id: str = "sess-1", **extra: Any
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": "fake-model", "stream": True, "input": items, "tools": [],
         "tool_choice": "auto", "parallel_tool_calls": True, "store": False,

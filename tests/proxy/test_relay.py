@@ -74,7 +74,7 @@ async def test_headers_pass_both_ways_but_private_ones_stay(upstream: FakeUpstre
     proxy = await start_proxy()
     hdrs = codex.headers(**{"x-tdai-user-key": "uk-secret", "x-codex-beta-features": "b",
                             "openai-beta": "responses=v1", "Host": "evil.example:80"})
-    status, headers, _ = await post(proxy.url, codex.request(codex.session(1)), hdrs)
+    _, headers, _ = await post(proxy.url, codex.request(codex.session(1)), hdrs)
     got = {k.lower(): v for k, v in upstream.last.headers.items()}
     assert got["session-id"] == "sess-1"
     assert got["x-codex-beta-features"] == "b"

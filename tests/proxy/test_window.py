@@ -34,16 +34,18 @@ def test_window_keeps_tool_output_with_its_call() -> None:
     items += [codex.text("user", "c")]
     result = window(items, keep=2)
     kinds = [i.get("type") for i in result.items[3:]]
-    assert kinds == ["message", "reasoning", "function_call", "function_call", "function_call_output",
-                     "function_call_output", "message", "message"]
+    assert kinds == [
+        "message", "reasoning", "function_call", "function_call",
+        "function_call_output", "function_call_output", "message", "message",
+    ]
     assert all(i.get("type") != "function_call" for i in result.cut[1:2])
 
 
 def test_window_keeps_a_call_whose_output_lands_in_a_later_turn() -> None:
     turn_a = codex.tool_turn("a")
     call, output = turn_a[2], turn_a[3]
-    items = codex.context_items() + [turn_a[0], turn_a[1], call, codex.text("user", "b"), output,
-                                     codex.text("user", "c")]
+    items = [*codex.context_items(), turn_a[0], turn_a[1], call, codex.text("user", "b"),
+             output, codex.text("user", "c")]
     result = window(items, keep=2)
     assert call in result.items and output in result.items
 
