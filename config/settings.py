@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "CTXPROXY_"
@@ -52,6 +52,12 @@ class Settings(BaseSettings):
         "INFO", description="Log level."
     )
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
+
+    client_keys: str | None = Field(
+        None,
+        description="Accepted client bearer keys, comma-separated or @FILE (one a line); when "
+        "set, other callers get 401 and the upstream gets UPSTREAM_API_KEY, never the client's.",
+    )
 
     # --- the history window --------------------------------------------------------------
     keep_turns: int = Field(5, ge=1, description="User turns kept in the forwarded history.")
@@ -115,6 +121,22 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    @field_validator("client_keys")
+    @classmethod
+    def _keys_file_exists(cls, value: str | None) -> str | None:
+        if value and value.startswith("@") and not Path(value[1:]).is_file():
+            raise ValueError(f"no such file: {value[1:]}")
+        return value
+
+    @model_validator(mode="after")
+    def _client_keys_need_an_upstream_key(self) -> Settings:
+        if self.client_keys and self.upstream_api_key is None:
+            raise ValueError(
+                "CTXPROXY_CLIENT_KEYS needs CTXPROXY_UPSTREAM_API_KEY (client keys are never "
+                "forwarded upstream)"
+            )
+        return self
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
@@ -145,8 +167,10 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         return Settings.model_validate(values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        name = str(err["loc"][0]) if err["loc"] else "?"
-        raise SettingsError(f"{ENV_PREFIX}{name.upper()}: {err['msg']}") from exc
+        if not err["loc"]:  # a rule across settings: its message names them
+            raise SettingsError(str(err["msg"]).removeprefix("Value error, ")) from exc
+        name = ENV_PREFIX + str(err["loc"][0]).upper()
+        raise SettingsError(f"{name}: {err['msg']}") from exc
 
 
 def describe_settings() -> list[tuple[str, str, str]]:

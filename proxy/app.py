@@ -12,6 +12,7 @@ from aiohttp import web
 
 from config import Settings
 from proxy import pipeline
+from proxy.auth import client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ProxyError, error_response
 from proxy.headers import request_headers, response_headers
 from proxy.logs import fields
@@ -47,9 +48,11 @@ def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> we
     Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
     before it starts; ``steps`` is called once at start-up, after every context is open.
     """
-    app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[access_middleware]
-    )
+    middlewares: list[Any] = [access_middleware]  # outermost first
+    client_keys = load_client_keys(settings.client_keys)
+    if client_keys:
+        middlewares.append(client_auth(client_keys))
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[STEPS] = []

@@ -1,0 +1,46 @@
+"""Optional inbound auth for shared deployments: only callers with a known key get through."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.errors import Unauthorized
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def load_client_keys(spec: str | None) -> tuple[bytes, ...]:
+    """``key1,key2`` or ``@/path/to/file`` (one key a line, # comments)."""
+    if not spec:
+        return ()
+    if spec.startswith("@"):
+        lines = Path(spec[1:]).read_text().splitlines()
+    else:
+        lines = spec.split(",")
+    keys = (line.strip() for line in lines)
+    return tuple(k.encode() for k in keys if k and not k.startswith("#"))
+
+
+def client_auth(keys: tuple[bytes, ...]) -> Middleware:
+    """A middleware answering 401 to any caller whose bearer key is not in ``keys``."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        token = presented.strip().encode()
+        # Compare against every key, so timing does not tell which one nearly matched.
+        ok = scheme.lower() == "bearer" and token != b""
+        ok = ok and any([hmac.compare_digest(token, key) for key in keys])
+        if not ok:
+            raise Unauthorized("missing or unknown client key")
+        return await handler(request)
+
+    return middleware
