@@ -133,7 +133,11 @@ async def test_body_over_limit_gives_413(upstream: FakeUpstream, start_proxy: Pr
     assert upstream.received == []
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1,2]", b'{"input": 5}', b"\xff\xfe"])
+BIG_INT_BODY = json.dumps(codex.request(codex.session(9), seed=2**70)).encode()
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1,2]", b'{"input": 5}', b"\xff\xfe",
+                                 BIG_INT_BODY])
 async def test_bodies_the_pipeline_cannot_read_go_through_unchanged(
         upstream: FakeUpstream, start_proxy: ProxyFactory, raw: bytes) -> None:
     upstream.then_error(400, {"error": {"message": "bad"}})
