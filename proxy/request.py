@@ -114,4 +114,29 @@ class Exchange:
 
     def serialise(self) -> bytes:
         """The bytes to forward: the client's own when no step changed anything."""
-        return orjson.dumps(self.body) if self.changed else self.raw
+        if not self.changed:
+            return self.raw
+        if has_lossy_number(self.body):
+            raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
+        return orjson.dumps(self.body)
+
+
+_LOSSY = float(2**63)
+
+
+def has_lossy_number(value: Any) -> bool:
+    """True when orjson parsed an integer too big for 64 bits (it becomes a float).
+
+    Codex bodies hold few numbers, so walking them costs microseconds; re-serialising such a
+    body would change the number, so the caller forwards the client's bytes instead.
+    """
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, float) and abs(node) >= _LOSSY:
+            return True
+    return False
