@@ -1,12 +1,152 @@
-"""`ctxproxy knowledge ...` commands."""
+"""`ctxproxy knowledge ...` commands: manage the embedded core's wikis and agent bindings."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from config import Settings
+from knowledge.store import FILENAME, Catalogue, user_digest
+from knowledge.wiki import read_pages
+
+Command = Callable[[Settings, argparse.Namespace], int]
 
 
 def register(commands: Any) -> None:
     """Add the `knowledge` command group to the top-level parser."""
-    parser: argparse.ArgumentParser = commands.add_parser("knowledge", help="manage knowledge")
-    parser.set_defaults(func=lambda settings, args: parser.print_help())
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "knowledge", help="manage knowledge (wikis and agent bindings of the embedded core)"
+    )
+
+    def usage(settings: Settings, args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)
+    sub = parser.add_subparsers(dest="knowledge_command", metavar="COMMAND")
+
+    add = sub.add_parser("add-wiki", help="index a folder of *.md files as a wiki (re-run: sync)")
+    add.add_argument("--team", required=True, help="the team the wiki belongs to")
+    add.add_argument("--name", required=True, help="display name")
+    add.add_argument("--summary", default=None, help="one-line description shown to the model")
+    add.add_argument("dir", type=Path, help="the folder (searched recursively)")
+    add.set_defaults(func=_run(add_wiki))
+
+    show = sub.add_parser("list", help="list the knowledge and its bindings")
+    show.add_argument("--team", default=None, help="only this team's")
+    show.set_defaults(func=_run(list_knowledge))
+
+    for name, fn, text in (("bind", bind, "bind knowledge to an agent for one user key"),
+                           ("unbind", unbind, "remove a binding")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--agent", required=True, help="agent id (x-agent-id)")
+        p.add_argument(
+            "--user-key", default=None,
+            help="the user's key (x-tdai-user-key); default CTXPROXY_USER_KEY; only a digest "
+            "is stored",
+        )
+        if name == "bind":
+            p.add_argument("--priority", type=int, default=50, help="higher is listed first")
+        p.add_argument("id", help="knowledge id (wiki-...)")
+        p.set_defaults(func=_run(fn))
+
+    rm = sub.add_parser("remove", help="delete knowledge, its pages and its bindings")
+    rm.add_argument("id", help="knowledge id (wiki-...)")
+    rm.set_defaults(func=_run(remove))
+
+
+def _run(fn: Callable[[Settings, argparse.Namespace, Catalogue], int]) -> Command:
+    def command(settings: Settings, args: argparse.Namespace) -> int:
+        if settings.core_url is not None:
+            print(
+                "ctxproxy: note: CTXPROXY_CORE_URL is set, so the proxy discovers from that "
+                "core; these commands manage the embedded one.",
+                file=sys.stderr,
+            )
+        catalogue = Catalogue.open(settings.data_dir / FILENAME)
+        try:
+            return fn(settings, args, catalogue)
+        finally:
+            catalogue.close()
+
+    return command
+
+
+def _fail(message: str) -> int:
+    print(f"ctxproxy: {message}", file=sys.stderr)
+    return 1
+
+
+def add_wiki(settings: Settings, args: argparse.Namespace, catalogue: Catalogue) -> int:
+    root: Path = args.dir.resolve()
+    if not root.is_dir():
+        return _fail(f"{args.dir} is not a folder")
+    pages = read_pages(root)
+    result = catalogue.sync_wiki(
+        settings.service_id, args.team, args.name, args.summary, str(root), pages
+    )
+    print(result.knowledge_id)
+    print(
+        f"{len(pages)} pages: {result.added} added, {result.updated} updated, "
+        f"{result.removed} removed, {result.unchanged} unchanged",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def list_knowledge(settings: Settings, args: argparse.Namespace, catalogue: Catalogue) -> int:
+    rows = catalogue.knowledge(settings.service_id, args.team, limit=10_000)
+    bound: dict[str, list[str]] = {}
+    for b in catalogue.bindings(settings.service_id):
+        bound.setdefault(b["knowledge_id"], []).append(f"{b['agent_id']}({b['priority']})")
+    if not rows:
+        print("no knowledge yet: ctxproxy knowledge add-wiki --team T --name N DIR")
+        return 0
+    for r in rows:
+        print(f"{r['knowledge_id']}  {r['type']}  team={r['team_id']}  pages={r['page_count']}"
+              f"  {r['name']}")
+        if r["summary"]:
+            print(f"    {r['summary']}")
+        print(f"    source: {r['source']}")
+        if r["knowledge_id"] in bound:
+            print(f"    bound to: {', '.join(bound[r['knowledge_id']])}")
+    return 0
+
+
+def _user_key(settings: Settings, args: argparse.Namespace) -> str | None:
+    if args.user_key:
+        return str(args.user_key)
+    return settings.user_key.get_secret_value() if settings.user_key else None
+
+
+def bind(settings: Settings, args: argparse.Namespace, catalogue: Catalogue) -> int:
+    key = _user_key(settings, args)
+    if not key:
+        return _fail("bind needs --user-key (or CTXPROXY_USER_KEY)")
+    if not catalogue.knowledge(settings.service_id, ids=[args.id]):
+        return _fail(f"no knowledge {args.id!r}; see ctxproxy knowledge list")
+    catalogue.bind(settings.service_id, args.agent, user_digest(key), args.id, args.priority)
+    print(f"bound {args.id} to agent {args.agent} (priority {args.priority})")
+    return 0
+
+
+def unbind(settings: Settings, args: argparse.Namespace, catalogue: Catalogue) -> int:
+    key = _user_key(settings, args)
+    if not key:
+        return _fail("unbind needs --user-key (or CTXPROXY_USER_KEY)")
+    if not catalogue.unbind(settings.service_id, args.agent, user_digest(key), args.id):
+        return _fail(f"{args.id} is not bound to agent {args.agent} for that user key")
+    print(f"unbound {args.id} from agent {args.agent}")
+    return 0
+
+
+def remove(settings: Settings, args: argparse.Namespace, catalogue: Catalogue) -> int:
+    if not catalogue.knowledge(settings.service_id, ids=[args.id]) or not catalogue.remove(
+        args.id
+    ):
+        return _fail(f"no knowledge {args.id!r}")
+    print(f"removed {args.id}")
+    return 0

@@ -2,15 +2,72 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
+from knowledge.client import Core, Discovery, HttpCore
+from knowledge.routes import EMBEDDED, add_routes
+from knowledge.service import EmbeddedCore, LocalCore
+from knowledge.step import KnowledgeStep
+from knowledge.store import FILENAME, Catalogue
+from proxy.app import METRICS, SETTINGS
 from proxy.pipeline import Step
+
+DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
 
 
 def install(app: web.Application) -> None:
-    """Add the knowledge side's cleanup contexts and local routes to app."""
+    """Add the knowledge side's cleanup contexts and local routes to app.
+
+    Without ``CORE_URL`` the embedded core opens first and its routes are mounted here, so
+    the model can curl the wiki service on the proxy's own port.
+    """
+    if app[SETTINGS].core_url is None:
+        app.cleanup_ctx.append(_embedded_ctx)
+        add_routes(app)
+    app.cleanup_ctx.append(_discovery_ctx)
 
 
 def step(app: web.Application) -> Step | None:
     """The knowledge pipeline step (called at start-up, after every context is open)."""
-    return None
+    return KnowledgeStep(app[DISCOVERY], service_id=app[SETTINGS].service_id)
+
+
+async def _embedded_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    catalogue = await asyncio.to_thread(Catalogue.open, settings.data_dir / FILENAME)
+    app[EMBEDDED] = EmbeddedCore(catalogue, settings.reachable_url + "/v3")
+    yield
+    await asyncio.to_thread(catalogue.close)
+
+
+async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    http: HttpCore | None = None
+    core: Core
+    if settings.core_url is None:
+        # In-process: no self-HTTP call on the hot path; the routes serve the model's curl.
+        core = LocalCore(app[EMBEDDED], settings.service_id)
+    else:
+        token = settings.core_token.get_secret_value() if settings.core_token else None
+        core = http = HttpCore(
+            settings.core_url,
+            service_id=settings.service_id,
+            token=token,
+            timeout_s=settings.core_timeout_ms / 1000,
+        )
+    discovery = Discovery(
+        core,
+        service_id=settings.service_id,
+        timeout_s=settings.core_timeout_ms / 1000,
+        ttl_s=settings.knowledge_ttl_s,
+        negative_ttl_s=settings.knowledge_negative_ttl_s,
+        metrics=app[METRICS],
+    )
+    app[DISCOVERY] = discovery
+    yield
+    await discovery.close()
+    if http is not None:
+        await http.aclose()

@@ -1,0 +1,79 @@
+"""A small TTL cache whose misses are single-flight: concurrent lookups share one load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+__all__ = ["How", "TtlCache"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+How = Literal["hit", "miss", "shared"]
+
+
+@dataclass(slots=True)
+class _Entry(Generic[V]):
+    value: V
+    expires: float
+
+
+class TtlCache(Generic[K, V]):
+    """Values live for the TTL their loader returns with them (so failures can be short)."""
+
+    def __init__(
+        self, *, max_entries: int = 4096, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._entries: dict[K, _Entry[V]] = {}
+        self._inflight: dict[K, asyncio.Task[V]] = {}
+        self._max = max_entries
+        self._clock = clock
+
+    async def get(self, key: K, load: Callable[[], Awaitable[tuple[V, float]]]) -> tuple[V, How]:
+        """The cached value, or the result of ``load()`` (value, ttl in seconds), shared."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.expires > self._clock():
+            return entry.value, "hit"
+        task = self._inflight.get(key)
+        how: How = "shared"
+        if task is None:
+            how = "miss"
+            task = asyncio.create_task(self._fill(key, load))
+            task.add_done_callback(_retrieve)
+            self._inflight[key] = task
+        # Shielded: a caller that goes away (client hung up) must not cancel the others' load.
+        return await asyncio.shield(task), how
+
+    async def _fill(self, key: K, load: Callable[[], Awaitable[tuple[V, float]]]) -> V:
+        try:
+            value, ttl = await load()
+            self._store(key, value, ttl)
+            return value
+        finally:
+            self._inflight.pop(key, None)
+
+    def _store(self, key: K, value: V, ttl: float) -> None:
+        now = self._clock()
+        self._entries.pop(key, None)
+        if len(self._entries) >= self._max:
+            for old in [k for k, e in self._entries.items() if e.expires <= now]:
+                del self._entries[old]
+        while len(self._entries) >= self._max:
+            del self._entries[next(iter(self._entries))]  # the oldest insertion
+        self._entries[key] = _Entry(value, now + ttl)
+
+    async def close(self) -> None:
+        """Cancel loads still running (at shutdown) and wait for them to end."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    # Every waiter may have gone: read the outcome so asyncio never reports it as lost.
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,90 @@
+"""The embedded core's HTTP routes, mounted on the proxy itself so the model can curl them.
+
+Same paths, envelope and service-id rule as KERNEL_API.md. The discovery calls need the core
+token when one is set; the wiki tools do not (the model calls them and must never see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import sqlite3
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from config.settings import SERVICE_ID_PATTERN
+from knowledge.service import EmbeddedCore, ServiceError
+from proxy.app import LOG_FIELDS, SETTINGS
+
+__all__ = ["EMBEDDED", "add_routes"]
+
+EMBEDDED = web.AppKey("knowledge_embedded", EmbeddedCore)
+_SERVICE_ID = re.compile(SERVICE_ID_PATTERN)
+
+log = logging.getLogger("ctxproxy.knowledge")
+
+# (core, service id, request headers, body) -> data; run in a worker thread.
+Operation = Callable[[EmbeddedCore, str, Mapping[str, str], dict[str, Any]], dict[str, Any]]
+
+
+def envelope(code: int, message: str, data: Any = None) -> web.Response:
+    body: dict[str, Any] = {"code": code, "message": message, "request_id": uuid.uuid4().hex}
+    if data is not None:
+        body["data"] = data
+    status = 200 if code == 0 else code
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _authorised(request: web.Request) -> bool:
+    token = request.app[SETTINGS].core_token
+    if token is None:
+        return True
+    expected = f"Bearer {token.get_secret_value()}".encode()
+    return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+
+
+def _route(op: Operation, *, needs_token: bool) -> Callable[[web.Request], Any]:
+    async def handler(request: web.Request) -> web.Response:
+        request[LOG_FIELDS]["route"] = "knowledge"
+        service_id = request.headers.get("x-tdai-service-id", "")
+        if not _SERVICE_ID.match(service_id):
+            return envelope(400, "x-tdai-service-id is missing or not ^[A-Za-z0-9_-]{1,200}$")
+        if needs_token and not _authorised(request):
+            return envelope(401, "missing or wrong bearer token")
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return envelope(400, "the body is not JSON")
+        if not isinstance(body, dict):
+            return envelope(400, "the body is not a JSON object")
+        core = request.app[EMBEDDED]
+        try:
+            data = await asyncio.to_thread(op, core, service_id, request.headers, body)
+        except ServiceError as exc:
+            return envelope(exc.code, exc.message)
+        except sqlite3.Error as exc:
+            log.warning("knowledge store error: %s: %s", type(exc).__name__, exc)
+            return envelope(500, "the knowledge store failed; see the proxy's log")
+        return envelope(0, "ok", data)
+
+    return handler
+
+
+def add_routes(app: web.Application) -> None:
+    """The four KERNEL_API.md paths; added before the proxy's catch-all passthrough."""
+    app.router.add_post("/v3/knowledge/list", _route(
+        lambda core, sid, headers, body: core.list_knowledge(sid, body), needs_token=True))
+    app.router.add_post("/v3/meta/agent-fixed-asset/list-with-detail", _route(
+        lambda core, sid, headers, body: core.agent_assets(
+            sid, headers.get("x-tdai-user-key"), body),
+        needs_token=True))
+    app.router.add_post("/v3/tools/list", _route(
+        lambda core, sid, headers, body: core.tools_list(sid, body), needs_token=False))
+    app.router.add_post("/v3/tools/call", _route(
+        lambda core, sid, headers, body: core.tools_call(sid, body), needs_token=False))
