@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -39,7 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def default_steps(app: web.Application) -> Sequence[pipeline.Step]:
     settings = app[SETTINGS]
-    return [pipeline.WindowStep(settings.keep_turns, settings.trim_slack)]
+    return [pipeline.WindowStep.from_settings(settings)]
 
 
 def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> web.Application:
@@ -77,6 +78,7 @@ def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> we
     async def on_shutdown(app: web.Application) -> None:
         app[READY]["ready"] = False  # stop taking new traffic; open streams finish
 
+    app.cleanup_ctx.append(gc_ctx)
     app.cleanup_ctx.append(upstream_ctx)
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -87,6 +89,23 @@ def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> we
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/responses", responses)
     return app
+
+
+# Every request in flight holds its parsed body alive (thousands of dicts and lists). With
+# CPython's default threshold of 700 net new objects, 32 concurrent requests trigger young
+# collections all the time and push the bodies into the old generation, whose full collections
+# then walk every one of them: 18% of the proxy's CPU at 32 requests in flight. Parsed JSON has
+# no reference cycles (reference counting frees it either way), so a higher threshold only
+# delays finding the rare real cycle (bench/RESULTS.md).
+GC_YOUNG_THRESHOLD = 50_000
+
+
+async def gc_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Raise the young-generation GC threshold while the app serves; restore it after."""
+    previous = gc.get_threshold()
+    gc.set_threshold(max(previous[0], GC_YOUNG_THRESHOLD), *previous[1:])
+    yield
+    gc.set_threshold(*previous)
 
 
 def add_passthrough(app: web.Application) -> None:
@@ -196,7 +215,12 @@ async def responses(request: web.Request) -> web.StreamResponse:
         )
         if ex.cut:
             app[METRICS].turns_cut.inc(ex.turns_in - ex.turns_forwarded)
-    info.update(bytes_in=len(raw), bytes_forwarded=len(body))
+    # Bytes, not tokens: no tokenizer on the request path (tokens: input_tokens below).
+    info.update(
+        bytes_in=len(raw),
+        bytes_forwarded=len(body),
+        forwarded_ratio=round(len(body) / len(raw), 4) if raw else 1.0,
+    )
     return await relay(request, "responses", body, tap_usage=True)
 
 
@@ -211,7 +235,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             "invalid_request_error",
             "websocket_not_supported",
         )
-    path = request.path
+    # The target as the client sent it (still percent-encoded), so that nothing is decoded
+    # and re-encoded differently on the way.
+    path = request.raw_path.partition("?")[0]
     if path == "/v1" or path.startswith("/v1/"):
         path = path[3:]
     body = await read_body(request) if request.body_exists else None
@@ -228,7 +254,7 @@ async def relay(
     upstream = app[UPSTREAM]
     key = settings.upstream_api_key
     headers = request_headers(request.headers, f"Bearer {key.get_secret_value()}" if key else None)
-    url = upstream.url(path, request.query_string)
+    url = upstream.url(path, request.raw_path.partition("?")[2])
 
     start = time.perf_counter()
     upstream_response = await upstream.send(request.method, url, headers, body)

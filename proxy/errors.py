@@ -21,6 +21,12 @@ class ProxyError(Exception):
         return error_response(self.status, self.message, self.type, self.code)
 
 
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
 class BodyTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"

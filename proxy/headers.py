@@ -6,6 +6,8 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.errors import BadRequest
+
 # RFC 9110 7.6.1 hop-by-hop headers, plus the ones the proxy recomputes itself.
 HOP_BY_HOP = frozenset(
     {
@@ -50,9 +52,22 @@ def request_headers(
 ) -> CIMultiDict[str]:
     """End-to-end request headers for the upstream; the configured key replaces the client's."""
     out = _copy(headers, ("authorization",) if upstream_authorization else ())
+    for name, value in out.items():
+        if not value.isascii() and not _utf8(value):
+            # aiohttp decoded bytes that are not UTF-8 to surrogates, and its client would
+            # send them altered: refuse rather than forward a changed header.
+            raise BadRequest(f"header {name} is not valid UTF-8")
     if upstream_authorization:
         out["Authorization"] = upstream_authorization
     return out
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:

@@ -10,7 +10,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 
 
 class Upstream:
@@ -54,6 +54,10 @@ class Upstream:
             )
         except TimeoutError as exc:
             raise UpstreamTimeout("the upstream did not answer in time") from exc
+        except ValueError as exc:
+            # aiohttp refuses to write what HTTP forbids (a control character in the target or
+            # a header): the request itself is malformed.
+            raise BadRequest(f"the request cannot be forwarded: {exc}") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(
                 f"the upstream could not be reached ({type(exc).__name__})"

@@ -4,8 +4,10 @@ exactly what it received, and can be scripted to fail, stall or break mid-stream
 from __future__ import annotations
 
 import asyncio
+import html
 import itertools
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -101,9 +103,25 @@ def last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
+WIKI_PROMPT = re.compile(r"\[wiki\] ([A-Za-z0-9 ]+)")
+CALL_TOOL = re.compile(r"<call_tool>(.*?)</call_tool>", re.S)
+EXAMPLE_QUERY = "what you are looking for"  # the query in the block's example call_tool
+
+
+def knowledge_command(body: dict[str, Any], query: str) -> str | None:
+    """The first ``<call_tool>`` curl of the instructions' knowledge block, asking ``query``."""
+    instructions = body.get("instructions")
+    found = CALL_TOOL.search(instructions) if isinstance(instructions, str) else None
+    if found is None:
+        return None
+    return html.unescape(found.group(1)).replace(EXAMPLE_QUERY, query)
+
+
 def default_output(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The fake model: asks for one harmless shell command when the prompt says ``[tool]``,
-    answers in text once the command's output is back, else echoes the prompt."""
+    runs the knowledge block's search command when it says ``[wiki] words`` (or says it has
+    no knowledge block), answers in text once the command's output is back, else echoes the
+    prompt."""
     items = body.get("input")
     last = items[-1] if isinstance(items, list) and items else {}
     prompt = last_user_text(body)
@@ -112,6 +130,12 @@ def default_output(body: dict[str, Any]) -> list[dict[str, Any]]:
     if "[tool]" in prompt:
         return [function_call_item("exec_command", {"cmd": "echo fake-tool-ran",
                                                     "yield_time_ms": 2000})]
+    wiki = WIKI_PROMPT.search(prompt)
+    if wiki:
+        cmd = knowledge_command(body, wiki.group(1).strip())
+        if cmd is None:
+            return [message_item("FAKE-NO-KNOWLEDGE: no <knowledge_tools> block")]
+        return [function_call_item("exec_command", {"cmd": cmd, "yield_time_ms": 5000})]
     return [message_item(f"FAKE-ANSWER to: {prompt[:80]}")]
 
 
