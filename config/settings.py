@@ -67,6 +67,20 @@ class Settings(BaseSettings):
         description="Let the history grow this many turns past KEEP_TURNS before cutting back "
         "(fewer prefix changes, warmer provider cache); 0 cuts on every turn.",
     )
+    trim_at_tokens: int = Field(
+        0,
+        ge=0,
+        description="Cut back to KEEP_TURNS when the forwarded input passes about this many "
+        "tokens (estimated from bytes), instead of counting turns; 0: off (TRIM_SLACK decides).",
+    )
+    mask_tool_outputs: bool = Field(
+        False,
+        description="At each cut, shorten the tool outputs of the older kept turns to a head "
+        "and tail (the calls stay; the newest turn is never masked).",
+    )
+    mask_keep_chars: int = Field(
+        1000, ge=0, description="Characters a masked tool output keeps (half head, half tail)."
+    )
 
     # --- identity ------------------------------------------------------------------------
     team_id: str | None = Field(None, description="Team when the request has no x-team-id.")

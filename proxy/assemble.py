@@ -17,7 +17,7 @@ def steps(app: web.Application) -> Sequence[Step]:
     """The request pipeline, in order: cut the history, then add knowledge, then memory."""
     settings = app[SETTINGS]
     ordered: list[Step | None] = [
-        WindowStep(settings.keep_turns, settings.trim_slack),
+        WindowStep.from_settings(settings),
         knowledge_wiring.step(app),
         memory_wiring.step(app),
     ]
