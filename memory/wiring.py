@@ -2,15 +2,120 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
 from aiohttp import web
 
+from injectors import memory_blocks, tokens
+from memory.distill import Distiller
+from memory.health import Health
+from memory.ingest import Ingester
+from memory.model import Memory, Store, StoreError
+from memory.queue import WriteQueue
+from memory.recall import Recaller, Weights
+from memory.step import MemoryStep
+from memory.stores import make_store
+from memory.working import Working
+from proxy.app import METRICS, SETTINGS
 from proxy.pipeline import Step
+
+__all__ = ["MEMORY", "Runtime", "install", "step"]
+
+
+@dataclass(slots=True)
+class Runtime:
+    """The memory side of one app: what it owns, for the step and for tests to wait on."""
+
+    store: Store
+    queue: WriteQueue
+    distiller: Distiller
+    step: MemoryStep
+    health: Health
+    opening: asyncio.Task[None] | None = None  # retrying a store that failed to open
+
+
+MEMORY = web.AppKey("memory", Runtime)
+REOPEN_S = 30.0
 
 
 def install(app: web.Application) -> None:
     """Add the memory side's cleanup contexts and local routes to app."""
+    if app[SETTINGS].memory_enabled:
+        app.cleanup_ctx.append(_memory_ctx)
 
 
 def step(app: web.Application) -> Step | None:
     """The memory pipeline step (called at start-up, after every context is open)."""
-    return None
+    runtime = app.get(MEMORY)
+    return runtime.step if runtime is not None else None
+
+
+def _cost(memory: Memory) -> int:
+    return tokens.count(memory_blocks.item(memory)) + 1
+
+
+async def _keep_opening(store: Store, health: Health) -> None:
+    """Retry a store that could not open at start-up (a database that comes up later)."""
+    while True:
+        await asyncio.sleep(REOPEN_S)
+        try:
+            await store.open()
+        except StoreError as exc:
+            health.failed("store", exc)
+            continue
+        health.ok("store")
+        return
+
+
+async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings, metrics = app[SETTINGS], app[METRICS]
+    health = Health(lambda: metrics.degraded.labels("memory").inc())
+    store = make_store(settings)
+    reopen: asyncio.Task[None] | None = None
+    try:
+        await store.open()
+    except StoreError as exc:
+        # The proxy still serves; turns go without memory blocks until the store opens.
+        health.failed("store", exc)
+        reopen = asyncio.create_task(_keep_opening(store, health), name="ctxproxy-store-open")
+    queue = WriteQueue(settings.ingest_queue_size, health, metrics.queue_depth.set)
+    distiller = Distiller(
+        store, threshold=settings.semantic_threshold, interval_s=settings.distill_interval_s,
+        health=health,
+    )
+    recaller = Recaller(
+        store,
+        weights=Weights.from_settings(settings),
+        k=settings.recall_k,
+        budget=settings.memory_tokens,
+        cost=_cost,
+        overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)),
+    )
+    memory_step = MemoryStep(
+        settings,
+        working=Working(store, queue, settings.working_ttl_s),
+        ingester=Ingester(store, on_new=distiller.notify),
+        recaller=recaller,
+        queue=queue,
+        health=health,
+        metrics=metrics,
+    )
+    # The tokenizer loads in most of a second: now, off the loop, not on the first turn.
+    await asyncio.to_thread(tokens.encoding_name)
+    queue.start()
+    distiller.start()
+    app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, reopen)
+    try:
+        yield
+    finally:
+        if reopen is not None:
+            reopen.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reopen
+        await memory_step.close()
+        await queue.close()
+        await distiller.close()
+        await store.close()

@@ -1,0 +1,667 @@
+"""Context economics: replay long Codex sessions directly and through ctxproxy, and price them.
+
+    python -m bench.economics                          # every strategy, 10/20/40/80 turns
+    python -m bench.economics --turns 40 --strategies direct,slack4
+
+Sessions are built from the real Codex shapes in ../shared/fixtures/codex (system prompt,
+developer and context messages, tools array, headers, turn metadata): tool loops with 1-8 KB
+outputs, several requests per user turn, facts planted early and asked about later. A fake
+Codex client replays a session request by request, appending what the scripted model answered
+and what the tools printed, exactly as Codex does, so every strategy sees the same session.
+bench/pricing.py bills each request (tiktoken, prefix cache); the proxy runs in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import itertools
+import logging
+import random
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from bench.pricing import BLOCK_TOKENS, Bill, PricingUpstream, PromptTokenizer, message
+from config import load_settings
+from knowledge.store import FILENAME, Catalogue
+from knowledge.wiki import Page
+from memory.model import Memory, Scope, Store
+from memory.recall import Recaller
+from proxy.assemble import build_app
+from proxy.sse import parse_events
+from proxy.window import message_text, turn_starts
+
+Item = dict[str, Any]
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"
+SHAPE = "03_resume_7turns/0001_POST_v1_responses.json"
+PNG = Path(__file__).resolve().parent / "economics.png"
+
+# --- the real shapes -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What every request of a Codex session carries besides its history."""
+
+    context: list[Item]  # system prompt, developer and context messages
+    body: dict[str, Any]  # model, tools, reasoning, include, ... (key order as Codex sends)
+    headers: dict[str, str]
+    meta: dict[str, Any]  # x-codex-turn-metadata
+
+    def request(
+        self, history: list[Item], thread: str, turn_id: str
+    ) -> tuple[bytes, dict[str, str]]:
+        meta = {**self.meta, "session_id": thread, "thread_id": thread, "turn_id": turn_id,
+                "root_turn_id": turn_id, "window_id": f"{thread}:0"}
+        meta_json = orjson.dumps(meta).decode()
+        body = {**self.body, "input": history, "prompt_cache_key": thread,
+                "client_metadata": {"thread_id": thread, "turn_id": turn_id,
+                                    "x-codex-turn-metadata": meta_json}}
+        headers = {**self.headers, "x-codex-turn-metadata": meta_json, "session-id": thread,
+                   "thread-id": thread, "x-client-request-id": thread,
+                   "x-codex-window-id": f"{thread}:0"}
+        return orjson.dumps(body), headers
+
+
+def load_shapes(path: Path = FIXTURES / SHAPE) -> Shapes:
+    data = orjson.loads(path.read_bytes())
+    body, headers = data["body"], data["headers"]
+    items = body["input"]
+    context = items[: turn_starts(items)[0]]
+    keep = ("x-codex-beta-features", "originator", "User-Agent", "Accept", "Content-Type")
+    return Shapes(
+        context=context,
+        body={k: v for k, v in body.items() if k not in ("client_metadata",)},
+        headers={**{k: headers[k] for k in keep}, "Authorization": "Bearer sk-bench"},
+        meta=orjson.loads(headers["x-codex-turn-metadata"]),
+    )
+
+
+# --- the synthetic session -------------------------------------------------------------------
+
+WORDS = (
+    "request response window session cache token parser config router handler memory index "
+    "client server stream event budget prefix store record queue worker retry timeout limit "
+    "metric trace span user agent tool call output input item turn prompt block render schema "
+    "field value default error status header body chunk buffer offset cursor batch loader "
+    "writer reader policy scope tenant migration snapshot digest encoder decoder registry"
+).split()
+BIRDS = "heron kestrel plover avocet dunlin osprey merlin curlew godwit shrike".split()
+TASKS = (
+    "Fix the failing test in tests/test_{a}.py and explain the cause.",
+    "Add a --{a} flag to the {b} command and cover it with a test.",
+    "Refactor {a}_{b} in src/{c}/{a}.py so that it no longer blocks the event loop.",
+    "Why does the {a} {b} time out under load? Check the logs and the code.",
+    "Rename {a}_{b} to {b}_{a} everywhere and keep the public API working.",
+    "Write a short design note on how the {a} {b} should handle retries.",
+    "Look at the {a} module and tell me what would break if we removed {b}.",
+    "Update the docs for the {a} {b} and check that the examples still run.",
+    "CI is red on main since the {a} change, can you find out why?",
+    "ok, now make {a} configurable and default it to off",
+    "Profile {a}_{b}: it got slower this week.",
+    "Can you split src/{a}.py? It is getting too long to read.",
+    "Add type hints to the {a} package and make mypy pass.",
+    "The {a} endpoint returns 500 when {b} is empty. Reproduce it and fix it.",
+    "Please review my last commit on the {a} branch and point out anything risky.",
+    "Move the {a} constants into one place and delete the duplicates.",
+    "Write a migration that backfills {a}.{b} for existing rows.",
+    "Bump the {a} dependency and fix whatever breaks.",
+    "What does {a}_{b} actually return when the {c} is missing?",
+    "Make the {a} logs less noisy, only warnings and up by default.",
+    "Add a retry with backoff around the {a} client calls.",
+    "Delete the dead code in src/{a}/ that nothing imports anymore.",
+    "Turn the {a} script into a proper CLI subcommand.",
+    "Thanks. Now add a changelog entry for the {a} work.",
+)
+ASK_TAILS = ("I need it for the next change.", "Put it where it belongs in the config.",
+             "Double-check it before you use it.")
+# (statement with {v}, question, value maker): each value is unique to its fact.
+FACTS: tuple[tuple[str, str, Callable[[random.Random], str]], ...] = (
+    ("The staging database host is {v}.", "What is the staging database host again?",
+     lambda r: f"pg-stg-{r.randint(100, 999)}.corp.internal"),
+    ("Our release branch for this cycle is {v}.", "Which release branch do we cut from?",
+     lambda r: f"release/{r.choice(BIRDS)}-{r.randint(1000, 9999)}"),
+    ("The new parser is behind the feature flag {v}.", "What is the new parser's feature flag?",
+     lambda r: f"FF_PARSER_{r.choice(BIRDS).upper()}_{r.randint(10, 99)}"),
+    ("The on-call engineer for payments this week is {v}.", "Who is on call for payments?",
+     lambda r: f"{r.choice(['Ines', 'Tomasz', 'Akua', 'Ravi'])} {r.choice(BIRDS).title()}son"),
+    ("The partner tier rate limit is {v} requests per minute.",
+     "What is the partner tier rate limit?", lambda r: f"{r.randint(2, 9)},{r.randint(100, 999)}"),
+    ("Build artifacts go to the bucket {v}.", "Which bucket do build artifacts go to?",
+     lambda r: f"s3://acme-artifacts-{r.choice(BIRDS)}-{r.randint(10, 99)}"),
+    ("We must keep the legacy endpoint {v} working.", "Which legacy endpoint must keep working?",
+     lambda r: f"/v1/legacy/{r.choice(BIRDS)}-sync"),
+    ("The CI secret holding the deploy token is {v}.", "What is the CI secret with the token?",
+     lambda r: f"DEPLOY_TOKEN_{r.choice(BIRDS).upper()}_{r.randint(100, 999)}"),
+    ("Questions about the SDK go to the channel {v}.", "Where do SDK questions go?",
+     lambda r: f"#sdk-{r.choice(BIRDS)}-help"),
+    ("The gateway's max body size is {v}.", "What max body size did we set on the gateway?",
+     lambda r: f"{r.randint(11, 99)} MiB"),
+)
+
+
+@dataclass(frozen=True)
+class Fact:
+    value: str
+    planted: int  # user turn, 1-based
+    asked: int
+    source: str  # "user": said in a prompt; "tool": in the middle of a tool's output
+
+
+@dataclass(frozen=True)
+class Turn:
+    index: int  # 1-based
+    prompt: str
+    responses: tuple[list[Item], ...]  # the model's answer to each request of this turn
+    outputs: dict[str, str]  # call_id -> what the tool printed
+    ask: Fact | None
+    think_s: float  # the user's pause before this turn
+
+
+@dataclass(frozen=True)
+class Session:
+    thread: str
+    seed: int
+    turns: list[Turn]
+    facts: list[Fact]
+
+
+def _ident(r: random.Random) -> str:
+    return f"{r.choice(WORDS)}_{r.choice(WORDS)}"
+
+
+def _line(r: random.Random, kind: str) -> str:
+    w, n = r.choice(WORDS), r.randint(1, 400)
+    if kind == "code":
+        return r.choice((
+            f"    def {_ident(r)}(self, {w}: {w.title()}) -> {r.choice(WORDS).title()}:",
+            f"        {w} = self.{_ident(r)}({r.choice(WORDS)}, {n})",
+            f"        if {w} is None or {w}.{r.choice(WORDS)} > {n}:",
+            f"        # {' '.join(r.choices(WORDS, k=r.randint(4, 10)))}",
+            f"class {w.title()}{r.choice(WORDS).title()}:",
+            f"        return {_ident(r)}({w}, {r.choice(WORDS)}={n})",
+        ))
+    if kind == "grep":
+        return f"src/{w}/{_ident(r)}.py:{n}:        {_ident(r)}({r.choice(WORDS)}, {n})"
+    if kind == "test":
+        return f"tests/test_{w}.py::test_{_ident(r)} {r.choice(('PASSED', 'PASSED', 'FAILED'))}"
+    if kind == "diff":
+        sign = r.choice("+- ")
+        return f"{sign}        {_ident(r)} = {r.choice(WORDS)}.{_ident(r)}({n})"
+    return f"-rw-r--r-- 1 dev dev {n * 37} Nov 29 12:{n % 60:02d} {_ident(r)}.py"
+
+
+COMMANDS = {
+    "code": "sed -n '1,240p' src/{w}/{f}.py", "grep": "rg -n '{f}' src tests",
+    "test": "pytest -q tests/test_{w}.py", "diff": "git diff -- src/{w}",
+    "ls": "ls -la src/{w}",
+}
+
+
+def _tool_output(r: random.Random, kind: str, planted: str | None = None) -> str:
+    size = int(1000 * 8 ** r.random())  # 1-8 KB, small ones more often (log-uniform)
+    lines: list[str] = []
+    while sum(len(x) + 1 for x in lines) < size:
+        lines.append(_line(r, kind) if not planted else
+                     f"- {' '.join(r.choices(WORDS, k=r.randint(5, 12)))}.")
+    if planted:
+        lines.insert(len(lines) // 2, f"- {planted}")
+    text = "\n".join(lines) + "\n"
+    return (f"Chunk ID: {r.randbytes(3).hex()}\nWall time: {r.uniform(0.05, 4):.4f} seconds\n"
+            f"Process exited with code {r.choice((0, 0, 0, 1))}\nOriginal token count: "
+            f"{len(text) // 4}\nOutput:\n{text}")
+
+
+def _reasoning(r: random.Random, item_id: str) -> Item:
+    blob = base64.b64encode(r.randbytes(r.randint(150, 600))).decode()
+    summary = f"**{r.choice(WORDS).title()}**\n\n" + " ".join(r.choices(WORDS, k=12))
+    return {"type": "reasoning", "id": item_id,
+            "summary": [{"type": "summary_text", "text": summary}],
+            "content": None, "encrypted_content": "gAAAA" + blob}
+
+
+def build_session(turns: int, seed: int = 7) -> Session:
+    """A deterministic session of ``turns`` user turns; the same seed gives the same bytes."""
+    r = random.Random(f"{seed}:{turns}")
+    n_facts = min(len(FACTS), max(2, turns // 8))
+    plant_at = _spread(n_facts, 2, max(3, turns // 3))
+    ask_at = _spread(n_facts, turns // 2 + 1, turns)
+    facts = [Fact(FACTS[i][2](r), p, a, "user" if i % 2 == 0 else "tool")
+             for i, (p, a) in enumerate(zip(plant_at, ask_at, strict=True))]
+    plants = {f.planted: (i, f) for i, f in enumerate(facts)}
+    asks = {f.asked: (i, f) for i, f in enumerate(facts)}
+    thread = f"019a{seed:04d}-{turns:04d}-7000-8000-0000c0de{turns:04d}"
+    out: list[Turn] = []
+    seen_prompts: set[str] = set()
+    for t in range(1, turns + 1):
+        prompt = ""
+        while not prompt or prompt in seen_prompts:
+            prompt = r.choice(TASKS).format(a=r.choice(WORDS), b=r.choice(WORDS), c=r.choice(WORDS))
+        seen_prompts.add(prompt)
+        planted = None
+        if t in plants:
+            i, fact = plants[t]
+            statement = FACTS[i][0].format(v=fact.value)
+            if fact.source == "user":
+                prompt = f"Before you start: {statement} {prompt}"
+            else:
+                planted = statement
+        if t in asks:  # a question of its own, as users ask them
+            prompt = f"{FACTS[asks[t][0]][1]} {r.choice(ASK_TAILS)}"
+        n_calls = r.choices((0, 1, 2, 3, 4), weights=(20, 30, 30, 15, 5))[0]
+        if planted and n_calls == 0:
+            n_calls = 1
+        responses: list[list[Item]] = []
+        outputs: dict[str, str] = {}
+        for k in range(n_calls):
+            kind = "notes" if planted and k == 0 else r.choice(tuple(COMMANDS))
+            cmd = ("cat docs/NOTES.md" if kind == "notes" else
+                   COMMANDS[kind].format(w=r.choice(WORDS), f=_ident(r)))
+            call_id = f"call_t{t:03d}k{k}"
+            outputs[call_id] = _tool_output(r, "ls" if kind == "notes" else kind,
+                                            planted if kind == "notes" else None)
+            args = orjson.dumps({"cmd": cmd, "yield_time_ms": 10000}).decode()
+            responses.append([_reasoning(r, f"rs_t{t:03d}k{k}"),
+                              {"type": "function_call", "status": "completed",
+                               "id": f"fc_t{t:03d}k{k}", "name": "exec_command",
+                               "arguments": args, "call_id": call_id}])
+        answer = " ".join(r.choices(WORDS, k=r.randint(25, 110))).capitalize() + "."
+        responses.append([_reasoning(r, f"rs_t{t:03d}f"), message(answer, f"msg_t{t:03d}")])
+        out.append(Turn(t, prompt, tuple(responses), outputs,
+                        asks[t][1] if t in asks else None, r.uniform(20, 240)))
+    session = Session(thread, seed, out, facts)
+    _check_facts(session)
+    return session
+
+
+def _spread(n: int, lo: int, hi: int) -> list[int]:
+    """n distinct turns spread evenly over lo..hi (fewer if the range is short)."""
+    if n == 1 or hi <= lo:
+        return [lo] * n
+    return [round(lo + i * (hi - lo) / (n - 1)) for i in range(n)]
+
+
+def _check_facts(session: Session) -> None:
+    """A fact's value must appear in its planting turn only, or recall would be measured wrong."""
+    for fact in session.facts:
+        for turn in session.turns:
+            text = turn.prompt + "".join(turn.outputs.values()) + orjson.dumps(
+                turn.responses).decode()
+            if fact.value in text and turn.index != fact.planted:
+                raise ValueError(f"fact value {fact.value!r} also appears in turn {turn.index}")
+
+
+# --- the scripted model and the fake Codex client --------------------------------------------
+
+
+class ScriptedModel:
+    """Answers each request from the session script, and checks the asks' facts."""
+
+    def __init__(self, session: Session) -> None:
+        self.turns = {t.prompt: t for t in session.turns}
+        self.recalled: dict[int, bool] = {}
+        self.turn_of: list[int] = []  # the user turn of each request, in order
+
+    def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
+        items = body.get("input") or []
+        starts = turn_starts(items)
+        turn = self.turns.get(message_text(items[starts[-1]])) if starts else None
+        if turn is None:  # not a session request (a side call of the proxy): billed, echoed
+            self.turn_of.append(0)
+            return [message("ok")]
+        done = sum(1 for i in items[starts[-1]:] if i.get("type") == "function_call_output")
+        self.turn_of.append(turn.index)
+        if done == 0 and turn.ask is not None:
+            self.recalled[turn.index] = turn.ask.value.encode() in raw
+        return turn.responses[min(done, len(turn.responses) - 1)]
+
+
+@dataclass
+class SimClock:
+    """Simulated wall time: the bench runs in seconds what a user spends hours on."""
+
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def replay(http: aiohttp.ClientSession, base_url: str, session: Session, shapes: Shapes,
+                 clock: SimClock) -> list[dict[str, int]]:
+    """Play the session as Codex would; returns the usage the client saw per request."""
+    r = random.Random(session.thread)
+    history = list(shapes.context)
+    seen: list[dict[str, int]] = []
+    for turn in session.turns:
+        clock.now += turn.think_s
+        turn_id = f"{session.thread[:-4]}{turn.index:04d}"
+        history.append({"type": "message", "id": f"msg_user_t{turn.index:03d}", "role": "user",
+                        "content": [{"type": "input_text", "text": turn.prompt}]})
+        while True:
+            body, headers = shapes.request(history, session.thread, turn_id)
+            async with http.post(base_url + "/responses", data=body, headers=headers) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+                events = parse_events(await resp.read())
+            clock.now += r.uniform(2, 20)  # the model thinks
+            output = [e["data"]["item"] for e in events
+                      if isinstance(e["data"], dict)
+                      and e["data"].get("type") == "response.output_item.done"]
+            seen.append(_usage(events))
+            history.extend(output)
+            calls = [i for i in output if i.get("type") == "function_call"]
+            if not calls:
+                break
+            for call in calls:
+                clock.now += r.uniform(0.1, 5)  # the tool runs
+                history.append({"type": "function_call_output", "id": f"fco_{call['call_id']}",
+                                "call_id": call["call_id"],
+                                "output": turn.outputs[call["call_id"]]})
+    return seen
+
+
+def _usage(events: list[dict[str, Any]]) -> dict[str, int]:
+    for e in events:
+        data = e["data"]
+        if isinstance(data, dict) and data.get("type") == "response.completed":
+            u = data["response"]["usage"]
+            cached = u["input_tokens_details"]["cached_tokens"]
+            return {"input": u["input_tokens"], "cached": cached}
+    raise RuntimeError("stream ended without response.completed")
+
+
+# --- strategies and runs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    settings: dict[str, Any] | None  # None: Codex straight to the provider, no proxy
+    note: str
+    gate: float | None = None  # see recall_gate
+
+
+NO_MEMORY = {"memory_enabled": False}
+# Distillation runs every 5 s of real time; a replayed session lasts about a second, so the
+# bench runs it as often as a real session would see it run.
+MEMORY = {"memory_enabled": True, "distill_interval_s": 0.05}
+PROPOSED = {"keep_turns": 4, "trim_slack": 6, "mask_tool_outputs": True}
+STRATEGIES = {s.name: s for s in (
+    Strategy("direct", None, "Codex straight to the provider"),
+    Strategy("window", {**NO_MEMORY, "keep_turns": 5}, "cut to 5 turns on every turn"),
+    Strategy("slack4", {**NO_MEMORY, "keep_turns": 5, "trim_slack": 4},
+             "5 turns, cut in steps of 5"),
+    Strategy("k4s6", {**NO_MEMORY, "keep_turns": 4, "trim_slack": 6},
+             "4 turns, cut in steps of 7 (first cut at 11 turns)"),
+    Strategy("k4s6-mask", {**NO_MEMORY, **PROPOSED}, "k4s6 + observation masking"),
+    Strategy("budget-35k", {**NO_MEMORY, "keep_turns": 4, "trim_at_tokens": 35_000,
+                            "mask_tool_outputs": True},
+             "cut back to 4 turns when the input passes ~35k tokens, masking"),
+    Strategy("mem-split", {**MEMORY, **PROPOSED},
+             "k4s6-mask + memory: slow blocks in instructions, recall before the newest turn"),
+    Strategy("mem-instr", {**MEMORY, **PROPOSED, "memory_placement": "instructions"},
+             "k4s6-mask + memory, every block in instructions"),
+    Strategy("mem-gated", {**MEMORY, **PROPOSED}, "mem-split, recall only when a hit matches "
+             "40% of the question's words (bench prototype)", gate=0.4),
+    Strategy("mem-knowledge", {**MEMORY, **PROPOSED, "team_id": "bench-team"},
+             "mem-split + a knowledge block of two wikis"),
+)}
+
+
+@dataclass
+class Run:
+    strategy: Strategy
+    session: Session
+    bills: list[Bill]
+    turn_of: list[int]
+    recalled: dict[int, bool]
+    seconds: float
+    front_tokens: int  # tools + context messages: what a warm cache always covers
+
+    @property
+    def front_misses(self) -> int:
+        """Requests after the first whose cache broke inside the static front of the prompt
+        (something before it changed, or the cache expired)."""
+        warm = self.front_tokens // BLOCK_TOKENS * BLOCK_TOKENS  # caches count whole blocks
+        return sum(b.cached_tokens < warm for b in self.bills[1:])
+
+    def cost(self, cached_price: float) -> float:
+        return sum(b.input_tokens - b.cached_tokens + cached_price * b.cached_tokens
+                   for b in self.bills)
+
+    def cumulative(self, cached_price: float) -> list[float]:
+        """Cost after each user turn."""
+        per_turn = [0.0] * (len(self.session.turns) + 1)
+        for bill, turn in zip(self.bills, self.turn_of, strict=True):
+            uncached = bill.input_tokens - bill.cached_tokens
+            per_turn[turn] += uncached + cached_price * bill.cached_tokens
+        return list(itertools.accumulate(per_turn))[1:]
+
+    @property
+    def recall(self) -> float:
+        return sum(self.recalled.values()) / len(self.recalled) if self.recalled else 1.0
+
+
+TOKENIZER = PromptTokenizer()  # shared: its memo saves re-tokenising the same items per run
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextmanager
+def recall_gate(threshold: float | None) -> Iterator[None]:
+    """A prototype of relevance-gated recall, for this bench only: a turn gets no recall block
+    unless its best search hit outside the window matches at least ``threshold`` of the
+    question's words (the store's relevance, before recall normalises it to the top hit).
+    ctxproxy has no such setting yet; this measures what one would do.
+    """
+    if threshold is None:
+        yield
+        return
+    original = Recaller.recall
+
+    async def gated(self: Recaller, scope: Scope, session: str, query: str, *,
+                    window: Collection[str], exclude: Collection[str], budget: int,
+                    now: float) -> list[Memory]:
+        store: Store = self._store
+        hits = await store.search(scope, query, types=["episodic", "semantic"], now=now)
+        best = max((h.relevance for h in hits if h.memory.attrs.get("prompt") not in window
+                    and h.memory.memory_id not in exclude), default=0.0)
+        if best < threshold:
+            return []
+        return await original(self, scope, session, query, window=window, exclude=exclude,
+                              budget=budget, now=now)
+
+    setattr(Recaller, "recall", gated)  # noqa: B010 (a method, on purpose, for one run)
+    try:
+        yield
+    finally:
+        setattr(Recaller, "recall", original)  # noqa: B010
+
+
+def seed_knowledge(data_dir: Path, team_id: str) -> None:
+    """Two team wikis in the embedded core's catalogue, so that the knowledge block is real."""
+    catalogue = Catalogue.open(data_dir / FILENAME)
+    try:
+        for name, summary in (("Design docs", "How the backend is built and why"),
+                              ("Runbooks", "Deploys, rollbacks and on-call procedures")):
+            page = Page("index", name, f"# {name}\n\n{summary}.\n")
+            catalogue.sync_wiki("default", team_id, name, summary, f"/wikis/{name}", [page])
+    finally:
+        catalogue.close()
+
+
+async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: float,
+                  data_dir: Path) -> Run:
+    clock = SimClock()
+    model = ScriptedModel(session)
+    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
+    started = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with serving(upstream.app()) as up_url, aiohttp.ClientSession(timeout=timeout) as http:
+        if strategy.settings is None:
+            seen = await replay(http, up_url + "/v1", session, shapes, clock)
+        else:
+            if strategy.settings.get("team_id"):
+                seed_knowledge(data_dir, strategy.settings["team_id"])
+            settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
+                                     log_level="WARNING", **strategy.settings)
+            async with serving(build_app(settings)) as proxy_url:
+                with recall_gate(strategy.gate):
+                    seen = await replay(http, proxy_url + "/v1", session, shapes, clock)
+    billed = [{"input": b.input_tokens, "cached": b.cached_tokens}
+              for b, turn in zip(upstream.bills, model.turn_of, strict=True) if turn]
+    if seen != billed:  # the client must see exactly what it was billed for
+        raise RuntimeError(f"{strategy.name}: usage seen by the client differs from the bill")
+    # The static front of every request: the tools and Codex's context messages.
+    front = len(TOKENIZER.prompt({"tools": shapes.body.get("tools"), "input": shapes.context}))
+    return Run(strategy, session, upstream.bills, model.turn_of, model.recalled,
+               time.perf_counter() - started, front)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def table(runs: Sequence[Run]) -> str:
+    """One row per (session length, strategy), summed over the seeds."""
+    groups: dict[tuple[int, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((len(run.session.turns), run.strategy.name), []).append(run)
+    direct = {n: g for (n, name), g in groups.items() if g[0].strategy.settings is None}
+    rows = ["| turns | strategy | requests | input tokens | cached | cost @10% | cost @25% "
+            "| largest request | front re-reads | fact recall | from user / tool |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (turns, name), group in groups.items():
+        bills = [b for run in group for b in run.bills]
+        total = sum(b.input_tokens for b in bills)
+        cached = sum(b.cached_tokens for b in bills)
+        base = direct.get(turns)
+        rel = [
+            f"{sum(r.cost(p) for r in group) / sum(r.cost(p) for r in base):.2f}x" if base
+            else "-" for p in (0.1, 0.25)
+        ]
+        hits = sum(sum(r.recalled.values()) for r in group)
+        asks = sum(len(r.recalled) for r in group)
+        by_source = " / ".join(
+            f"{sum(r.recalled[f.asked] for r in group for f in r.session.facts if f.source == src)}"
+            f"/{sum(1 for r in group for f in r.session.facts if f.source == src)}"
+            for src in ("user", "tool")
+        )
+        rows.append(
+            f"| {turns} | {name} | {len(bills)} | {total:,} | {cached / total:.0%} | {rel[0]} "
+            f"| {rel[1]} | {max(b.input_tokens for b in bills):,} "
+            f"| {sum(r.front_misses for r in group)} "
+            f"| {hits}/{asks} ({hits / max(asks, 1):.0%}) | {by_source} |"
+        )
+    return "\n".join(rows)
+
+
+def plot(runs: Sequence[Run], path: Path) -> None:
+    """Cumulative input cost per user turn, one panel per session length."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({len(r.session.turns) for r in runs})
+    cols = min(2, len(lengths))
+    rows = -(-len(lengths) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    for ax, n in zip(axes.flat, lengths, strict=False):
+        for run in (r for r in runs if len(r.session.turns) == n):
+            direct = run.strategy.settings is None
+            ax.plot(range(1, n + 1), [c / 1e3 for c in run.cumulative(0.1)],
+                    "k--" if direct else "-", label=run.strategy.name, lw=2 if direct else 1.3)
+        ax.set_title(f"{n} user turns")
+        ax.set_xlabel("user turn")
+        ax.set_ylabel("cumulative input cost, k tokens\n(cached tokens at 10%)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(lengths):]:
+        ax.set_visible(False)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Input cost of a Codex session: direct vs ctxproxy strategies")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_strategy(spec: str) -> Strategy:
+    """``name:key=value,key=value`` (settings names, JSON values) -> a proxy strategy."""
+    name, _, rest = spec.partition(":")
+    settings: dict[str, Any] = dict(NO_MEMORY)
+    gate = None
+    for pair in filter(None, rest.split(",")):
+        key, _, raw = pair.partition("=")
+        try:
+            settings[key] = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            settings[key] = raw
+    if "gate" in settings:  # not a setting: the bench's recall gate prototype
+        gate = float(settings.pop("gate"))
+    return Strategy(name, settings, rest, gate)
+
+
+async def main_async(args: argparse.Namespace) -> list[Run]:
+    shapes = load_shapes()
+    strategies = [STRATEGIES[n] if n in STRATEGIES else parse_strategy(n)
+                  for n in args.strategies.split(",") if n]
+    strategies += [parse_strategy(spec) for spec in args.strategy]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-econ-") as tmp:
+        for turns in (int(t) for t in args.turns.split(",")):
+            for seed in range(args.seed, args.seed + args.seeds):
+                session = build_session(turns, seed)
+                for strategy in strategies:
+                    data_dir = Path(tmp) / f"{strategy.name}-{turns}-{seed}"
+                    run = await run_one(strategy, session, shapes, args.ttl, data_dir)
+                    print(f"  {turns:3d} turns  seed {seed}  {strategy.name:10s} "
+                          f"{len(run.bills):4d} requests {run.seconds:6.1f}s", file=sys.stderr)
+                    runs.append(run)
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", default="10,20,40,80", help="session lengths, in user turns")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated, of: {', '.join(STRATEGIES)}")
+    parser.add_argument("--strategy", action="append", default=[], metavar="NAME:K=V,K=V",
+                        help="an extra proxy strategy from settings, e.g. "
+                        "k4:keep_turns=4,trim_slack=6,mask_tool_outputs=true (repeatable)")
+    parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
+    parser.add_argument("--seed", type=int, default=1, help="first session seed")
+    parser.add_argument("--seeds", type=int, default=2, help="sessions per length")
+    parser.add_argument("--plot", type=Path, default=PNG, help="PNG of cumulative cost")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    started = time.perf_counter()
+    runs = asyncio.run(main_async(args))
+    print(table(runs))
+    plot([r for r in runs if r.session.seed == args.seed], args.plot)
+    print(f"\nplot: {args.plot} (seed {args.seed})  {time.perf_counter() - started:.0f} s",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

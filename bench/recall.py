@@ -1,0 +1,649 @@
+"""Memory recall: do facts cut from the window come back when asked, at what cost and speed.
+
+    python -m bench.recall                      # both stores at 10k and 100k; appends RESULTS.md
+    python -m bench.recall --quick --no-write   # 2k and 10k, fewer sessions, print only
+    python -m bench.recall --stores sqlite --pg-url postgresql://...
+
+For each store (SQLite in a temporary directory; PostgreSQL in a fresh schema of ``--pg-url``,
+default ``$CTXPROXY_TEST_PG_URL``) and each size, the store is filled directly with ``upsert``
+in batches to that many background memories (synthetic episodes, facts and task notes, most in
+the scope the sessions use), then:
+
+- store latency: ``search`` (the ranked full-text candidates of recall) and ``list`` (the recent
+  window) over that scope, p50/p95 over many questions;
+- end to end: long synthetic Codex sessions (shapes from ../shared/fixtures/codex, text written
+  here) go through the real proxy (``proxy.assemble.build_app``) to an in-process fake upstream
+  that records what it received. Each session states facts in its first turns and asks about
+  them many turns later, after the window (5 turns) has cut them. Reported: recall@k (the share
+  of asks whose fact was in the forwarded prompt while its statement was not), the memory
+  tokens the memory step added to those requests, and the time spent in the memory step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import itertools
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from bench import _session
+from bench._upstream import answer_events
+from config import Settings, load_settings
+from injectors import tokens
+from memory.model import Memory, MemoryType, Scope, Store, user_ref
+from memory.stores import make_store
+from proxy.app import STEPS
+from proxy.assemble import build_app
+from proxy.pipeline import Step
+from proxy.request import Exchange
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+SECTION = "## Memory recall"
+BEGIN, END = "<!-- recall:begin (appended by bench/recall.py) -->", "<!-- recall:end -->"
+
+SERVICE, TEAM, AGENT, USER_KEY = "bench", "bench-team", "bench-agent", "bench-user-key"
+SCOPE = Scope(SERVICE, TEAM, AGENT, user_ref(USER_KEY))
+BATCH = 1000
+
+
+# --- synthetic text ----------------------------------------------------------------------------
+
+_COMMON = (
+    "database port service cluster region deploy staging production branch prefix tool "
+    "version python node rate limit tenant request vault secret path config test build "
+    "release migration index schema queue worker retry timeout cache log metric alert "
+    "page on-call team owner api client server endpoint token header status error fix "
+    "bug feature refactor review merge commit pipeline job runner image container host "
+    "disk memory cpu latency throughput budget ledger account balance posting invoice"
+).split()
+_SYLLABLES = "ka lo mi nu pe ra si to vu xe zo ba de fi gu ho ja ke li mo ny po qu re sa".split()
+
+
+def _pseudo(rng: random.Random) -> str:
+    return "".join(rng.choices(_SYLLABLES, k=rng.randint(2, 4)))
+
+
+def _vocabulary(rng: random.Random, size: int = 4000) -> list[str]:
+    """Most frequent first: 30 filler words (the role stopwords play in real text, but not
+    dropped by search), then the domain words the questions use, then a long tail."""
+    words = [_pseudo(rng) for _ in range(30)]
+    domain = sorted(set(_COMMON) | set(_session._WORDS))
+    rng.shuffle(domain)
+    words += domain
+    while len(words) < size:
+        words.append(_pseudo(rng))
+    return words
+
+
+class Text:
+    """Zipf-distributed words: a few very common, a long tail of rare ones, like real notes."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.words = _vocabulary(self.rng)
+        weights = [1.0 / (rank + 1) ** 1.05 for rank in range(len(self.words))]
+        self.cum = list(itertools.accumulate(weights))
+
+    def sentence(self, n: int) -> str:
+        return " ".join(self.rng.choices(self.words, cum_weights=self.cum, k=n))
+
+    def memory(self, scope: Scope, n: int, now: float) -> Memory:
+        roll = self.rng.random()
+        at = now - self.rng.uniform(3600, 30 * 86400)  # older than any bench session
+        kind: MemoryType = "episodic" if roll < 0.85 else "semantic" if roll < 0.97 else "working"
+        if kind == "episodic":
+            text = (f"user: {self.sentence(self.rng.randint(8, 30))}\nassistant: "
+                    f"{self.sentence(self.rng.randint(10, 40))}\ntool exec_command: "
+                    f"{self.sentence(self.rng.randint(0, 30))}")
+        else:
+            text = self.sentence(self.rng.randint(5, 14))
+        session = f"bg-{self.rng.randint(0, max(1, n // 20))}"
+        return Memory(type=kind, scope=scope, key=f"bg-{n}", text=text, session_id=session,
+                      turn_index=self.rng.randint(1, 40), created_at=at, updated_at=at,
+                      expires_at=None if kind != "working" else now - 1)
+
+
+def background_scope(rng: random.Random) -> Scope:
+    """Half the background shares the sessions' scope; the rest is other agents' and teams'."""
+    if rng.random() < 0.5:
+        return SCOPE
+    n = rng.randint(1, 9)
+    return Scope(SERVICE, f"team-{n % 3}", f"agent-{n}", user_ref(f"user-{n}"))
+
+
+# --- facts: stated early, asked late -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fact:
+    statement: str
+    question: str
+    value: str  # appears nowhere else: if it is in the prompt, the memory brought it
+
+
+def _facts(rng: random.Random) -> list[Fact]:
+    port = str(rng.randint(20000, 29999))
+    region = f"eu-{rng.choice(['north', 'west', 'south'])}-{rng.randint(11, 99)}"
+    prefix = "ft" + "".join(rng.choices("qxzvwk", k=4))
+    limit = str(rng.randint(1100, 9900))
+    pyver = f"3.{rng.randint(11, 13)}.{rng.randint(1, 9)}"
+    vault = f"kv/ledger/{rng.randint(100, 999)}"
+    alias = "oncall-" + "".join(rng.choices("bcdfghjkmnp", k=5))
+    tool = "deploy" + "".join(rng.choices("rstvx", k=3))
+    return [
+        Fact(f"Note for later: our main database is PostgreSQL 15 on port {port}.",
+             "Quick check before you go on: which port does our main database listen on?",
+             port),
+        Fact(f"FYI the staging cluster runs in the {region} region.",
+             "In which region does the staging cluster run again?", region),
+        Fact(f"Remember: feature branches must start with the prefix {prefix}/.",
+             "What prefix must feature branches start with?", prefix),
+        Fact(f"The API rate limit is {limit} requests per minute per tenant.",
+             "What is the API rate limit per tenant?", limit),
+        Fact(f"New services use Python {pyver}, pinned in the Dockerfile.",
+             "Which Python version do new services use?", pyver),
+        Fact(f"Secrets for the ledger live in Vault under the path {vault}.",
+             "Under which Vault path do the ledger secrets live?", vault),
+        Fact(f"Page the on-call alias {alias} when the settle worker alerts.",
+             "Which on-call alias do I page when the settle worker alerts?", alias),
+        Fact(f"We release with the {tool} script, never by hand.",
+             "Which script do we release with?", tool),
+    ]
+
+
+_TASKS = [
+    "Refactor the settle worker so that retries are idempotent.",
+    "Add pagination to the ledger export endpoint.",
+    "Make the balance cache invalidate on every posting.",
+    "Speed up the slow tests in tests/test_settle.py.",
+    "Write a migration that adds an index on (tenant_id, posted_at).",
+]
+_FILLER = [
+    "Now run the tests for {m} and tell me what fails.",
+    "Open {m} and explain the retry loop briefly.",
+    "Rename the helper in {m} to something clearer.",
+    "Add a docstring to the main class in {m}.",
+    "Check {m} for unused imports and remove them.",
+    "Show me the git diff for {m}.",
+]
+
+
+@dataclass
+class Session:
+    """One Codex thread: its id, and the user prompt of every turn in order."""
+
+    session_id: str
+    prompts: list[str]
+    asks: dict[int, Fact]  # turn index -> the fact it asks about
+    stated: dict[int, Fact]
+
+
+def make_session(rng: random.Random, turns: int, n_facts: int) -> Session:
+    facts = rng.sample(_facts(rng), n_facts)
+    prompts = [rng.choice(_TASKS)]
+    stated: dict[int, Fact] = {}
+    for n, fact in enumerate(facts, start=1):  # facts in turns 1..n (turn 0 is the task)
+        prompts.append(f"{fact.statement} {rng.choice(_FILLER).format(m=rng.choice(_MODULES))}")
+        stated[n] = fact
+    while len(prompts) < turns - n_facts:
+        prompts.append(rng.choice(_FILLER).format(m=rng.choice(_MODULES)))
+    asks: dict[int, Fact] = {}
+    for fact in facts:
+        asks[len(prompts)] = fact
+        prompts.append(fact.question)
+    return Session(str(uuid.UUID(int=rng.getrandbits(128))), prompts, asks, stated)
+
+
+_MODULES = ["workers/settle.py", "ledger/posting.py", "api/routes.py", "ledger/balance.py"]
+
+
+def _message(role: str, text: str) -> dict[str, Any]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    item: dict[str, Any] = {"type": "message", "role": role,
+                            "content": [{"type": kind, "text": text}]}
+    if role == "assistant":
+        item["status"] = "completed"
+    return item
+
+
+def _finished_turn(rng: random.Random, prompt: str, n: int) -> list[dict[str, Any]]:
+    """A user prompt, one command and its output, the answer: as Codex resends a turn."""
+    call_id = f"call_{n}_{rng.getrandbits(48):012x}"
+    output = "\n".join(f"{rng.choice(_MODULES)}:{rng.randint(1, 300)}: ok" for _ in range(6))
+    return [
+        _message("user", prompt),
+        {"type": "function_call", "name": "exec_command", "call_id": call_id,
+         "arguments": orjson.dumps({"cmd": f"rg -n retry {rng.choice(_MODULES)}"}).decode(),
+         "status": "completed"},
+        {"type": "function_call_output", "call_id": call_id, "output": output},
+        _message("assistant", f"Done: {prompt[:60]}"),
+    ]
+
+
+def session_requests(session: Session, seed: int) -> Iterator[tuple[int, dict[str, Any],
+                                                                     dict[str, str]]]:
+    """(turn, body, headers) of the first request of every turn of ``session``."""
+    rng = random.Random(seed)
+    context = _session.context_items(rng)
+    done: list[dict[str, Any]] = []
+    for turn, prompt in enumerate(session.prompts):
+        turn_id = f"{session.session_id[:8]}-turn-{turn}"
+        meta = orjson.dumps({"session_id": session.session_id, "turn_id": turn_id,
+                             "request_kind": "turn"}).decode()
+        body = {
+            "model": "gpt-5.5", "stream": True, "store": False, "tools": _session.tools(),
+            "input": [*context, *done, _message("user", prompt)],
+            "tool_choice": "auto", "parallel_tool_calls": True,
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": session.session_id,
+            "client_metadata": {"x-codex-turn-metadata": meta},
+        }
+        headers = {
+            "session-id": session.session_id, "x-codex-turn-metadata": meta,
+            "x-team-id": TEAM, "x-agent-id": AGENT, "x-tdai-user-key": USER_KEY,
+            "Authorization": "Bearer sk-bench", "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+        }
+        yield turn, body, headers
+        done += _finished_turn(rng, prompt, turn)
+
+
+# --- stores --------------------------------------------------------------------------------------
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query), ("options", f"-csearch_path={schema}")]
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+@asynccontextmanager
+async def backend(name: str, pg_url: str | None, data_dir: Path) -> AsyncIterator[dict[str, Any]]:
+    """Settings values that select a fresh, empty store of kind ``name``."""
+    values: dict[str, Any] = {"data_dir": data_dir, "service_id": SERVICE}
+    if name == "sqlite":
+        yield values
+        return
+    import psycopg
+
+    if not pg_url:
+        raise SystemExit("bench.recall: postgres needs --pg-url or CTXPROXY_TEST_PG_URL")
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield {**values, "store_url": _with_search_path(pg_url, schema)}
+    finally:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+async def fill(store: Store, text: Text, start: int, stop: int, now: float) -> float:
+    """Upsert background memories ``start..stop`` in batches; returns rows per second."""
+    began = time.perf_counter()
+    for first in range(start, stop, BATCH):
+        batch = [text.memory(background_scope(text.rng), n, now)
+                 for n in range(first, min(first + BATCH, stop))]
+        await store.upsert(batch)
+    elapsed = time.perf_counter() - began
+    return (stop - start) / elapsed if elapsed > 0 else 0.0
+
+
+def questions(n: int) -> list[str]:
+    """What recall searches with: the facts' questions, whatever their values."""
+    rng = random.Random(1)
+    return [f.question for _ in range(n // 8 + 1) for f in _facts(rng)][:n]
+
+
+def prompts(text: Text, n: int) -> list[str]:
+    """Long prompts of the background's own words, fillers included: they match most
+    records of the scope, the expensive case for a ranked search."""
+    return [text.sentence(text.rng.randint(12, 30)) for _ in range(n)]
+
+
+async def store_latency(store: Store, asked: Sequence[str], long: Sequence[str],
+                        now: float) -> dict[str, float]:
+    """p50/p95 (ms) of recall's two store calls over the sessions' scope."""
+    question_ms, prompt_ms, list_ms = [], [], []
+    for q, p in zip(asked, long, strict=True):
+        t0 = time.perf_counter()
+        await store.search(SCOPE, q, limit=20, now=now)
+        t1 = time.perf_counter()
+        await store.search(SCOPE, p, limit=20, now=now)
+        t2 = time.perf_counter()
+        await store.list(SCOPE, since=now - 86400, limit=20, now=now)
+        t3 = time.perf_counter()
+        question_ms.append((t1 - t0) * 1000)
+        prompt_ms.append((t2 - t1) * 1000)
+        list_ms.append((t3 - t2) * 1000)
+    return {
+        "question_p50": _pct(question_ms, 50), "question_p95": _pct(question_ms, 95),
+        "prompt_p50": _pct(prompt_ms, 50), "prompt_p95": _pct(prompt_ms, 95),
+        "list_p50": _pct(list_ms, 50), "list_p95": _pct(list_ms, 95),
+    }
+
+
+def _pct(values: Sequence[float], p: int) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+
+class Recorder:
+    """The fake upstream: records each body, answers with a complete SSE stream."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.answer = b"".join(answer_events())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_post("/v1/responses", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.bodies.append(await request.read())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(self.answer)
+        await resp.write_eof()
+        return resp
+
+
+@dataclass
+class Timed:
+    """Wraps the memory step: its wall time, and the text it added to each request."""
+
+    inner: Step
+    name: str
+    ms: list[float] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+
+    async def __call__(self, ex: Exchange) -> None:
+        before_instr = ex.body.get("instructions") or ""
+        before = ex.body.get("input")
+        before_ids = {id(item) for item in before} if isinstance(before, list) else set()
+        t0 = time.perf_counter()
+        try:
+            await self.inner(ex)
+        finally:
+            self.ms.append((time.perf_counter() - t0) * 1000)
+        after_instr = ex.body.get("instructions") or ""
+        added = after_instr.removeprefix(before_instr)
+        after = ex.body.get("input")
+        for item in after if isinstance(after, list) else []:
+            if id(item) not in before_ids:  # steps add new items, never edit the client's
+                added += "\n" + _item_text(item)
+        self.added.append(added)
+
+
+def _item_text(item: Any) -> str:
+    content = item.get("content") if isinstance(item, dict) else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+@dataclass
+class E2E:
+    asks: int = 0
+    recalled: int = 0
+    still_in_window: int = 0
+    memory_tokens: list[int] = field(default_factory=list)  # per ask
+    step_ms: list[float] = field(default_factory=list)  # every request
+    skipped: str = ""
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_facts: int,
+                     seed: int) -> E2E:
+    """Run synthetic sessions through the full proxy; score every ask."""
+    result = E2E()
+    recorder = Recorder()
+    upstream, upstream_url = await _serve(recorder.app())
+    settings = load_settings(env={}, **{**values, "upstream_url": upstream_url + "/v1"})
+    app = build_app(settings)
+    proxy, proxy_url = await _serve(app)
+    started = time.time()
+    try:
+        steps = app[STEPS]
+        found = [i for i, s in enumerate(steps) if "memory" in s.name]
+        timed: Timed | None = None
+        if found:
+            timed = Timed(steps[found[0]], steps[found[0]].name)
+            steps[found[0]] = timed  # type: ignore[index]
+        elif settings.memory_enabled:
+            result.skipped = "the app has no memory step (memory/wiring.py returns None)"
+            return result
+        rng = random.Random(seed)
+        async with aiohttp.ClientSession() as client:
+            for n in range(n_sessions):
+                session = make_session(rng, turns, n_facts)
+                for turn, body, headers in session_requests(session, seed + n):
+                    async with client.post(proxy_url + "/v1/responses", data=orjson.dumps(body),
+                                           headers=headers) as resp:
+                        await resp.read()
+                        if resp.status != 200:
+                            raise RuntimeError(f"proxy answered {resp.status}")
+                    fact = session.asks.get(turn)
+                    if fact is not None:
+                        added = timed.added[-1] if timed else ""
+                        _score(result, fact, recorder.bodies[-1], added)
+        result.step_ms = timed.ms if timed else []
+    finally:
+        await proxy.cleanup()  # drains the memory writes
+        await upstream.cleanup()
+        await _forget_run(settings, started)
+    return result
+
+
+def _score(result: E2E, fact: Fact, forwarded: bytes, added: str) -> None:
+    body = orjson.loads(forwarded)
+    items = body.get("input") or []
+    said = [_item_text(i) for i in items if isinstance(i, dict) and i.get("role") == "user"]
+    result.asks += 1
+    if any(fact.statement in text for text in said):  # the window kept the user's own words
+        result.still_in_window += 1
+        return
+    if fact.value in (body.get("instructions") or "") or fact.value in orjson.dumps(items).decode():
+        result.recalled += 1
+    result.memory_tokens.append(tokens.count(added))
+
+
+async def _forget_run(settings: Settings, started: float) -> None:
+    """Delete what the sessions wrote, so the next size starts from background only."""
+    store = make_store(settings)
+    await store.open()
+    try:
+        written = await store.list(None, since=started - 1, limit=10_000_000)
+        await store.delete([m.memory_id for m in written])
+    finally:
+        await store.close()
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    store: str
+    size: int
+    in_scope: int
+    fill_rate: float
+    latency: dict[str, float]
+    e2e: E2E
+
+
+async def baseline(args: argparse.Namespace, tmp: Path) -> Row:
+    """The same sessions through a proxy without memory: what the window alone keeps."""
+    values = {"data_dir": tmp / "baseline", "service_id": SERVICE, "memory_enabled": False}
+    e2e = await end_to_end(values, args.sessions, args.turns, args.facts, seed=1)
+    nan = float("nan")
+    latency = dict.fromkeys(("question_p50", "question_p95", "prompt_p50", "prompt_p95",
+                             "list_p50", "list_p95"), nan)
+    return Row("memory off", 0, 0, nan, latency, e2e)
+
+
+async def run_store(name: str, args: argparse.Namespace, tmp: Path) -> list[Row]:
+    rows: list[Row] = []
+    async with backend(name, args.pg_url, tmp / name) as values:
+        settings = load_settings(env={}, **values)
+        store = make_store(settings)
+        await store.open()
+        text = Text(seed=11)
+        asked, long = questions(args.queries), prompts(text, args.queries)
+        now, filled = time.time(), 0
+        try:
+            for size in args.sizes:
+                print(f"[{name}] filling to {size} memories ...", flush=True)
+                rate = await fill(store, text, filled, size, now)
+                filled = size
+                in_scope = len(await store.list(SCOPE, types=("episodic", "semantic"),
+                                                limit=10_000_000, now=now))
+                latency = await store_latency(store, asked, long, time.time())
+                print(f"[{name}] {size}: search p50 {latency['question_p50']:.1f} ms; "
+                      "sessions through the proxy ...", flush=True)
+                e2e = await end_to_end(values, args.sessions, args.turns, args.facts, seed=size)
+                rows.append(Row(name, size, in_scope, rate, latency, e2e))
+        finally:
+            await store.close()
+    return rows
+
+
+def report(rows: Sequence[Row], args: argparse.Namespace) -> str:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"### Run of {stamp}",
+        "",
+        f"`python -m bench.recall {' '.join(args.argv)}`".replace(" `", "`"),
+        f"on {platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs (shared); {args.sessions} sessions of {args.turns} turns, "
+        f"{args.facts} facts stated in turns 1-{args.facts} and asked in the last "
+        f"{args.facts} turns (window: 5 turns); tokens: {tokens.encoding_name()}.",
+        "",
+        "| store | memories | in scope | fill rows/s | search: question p50 / p95 ms "
+        "| search: long prompt p50 / p95 ms | list p50 / p95 ms "
+        "| recall@k | memory tokens / ask (mean) | memory step p50 / p95 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lat, e = r.latency, r.e2e
+        if e.skipped:
+            recall = tokens_cell = step = "n/a"
+        else:
+            scored = e.asks - e.still_in_window
+            recall = f"{e.recalled / scored:.0%} ({e.recalled}/{scored})" if scored else "n/a"
+            tokens_cell = f"{statistics.mean(e.memory_tokens):.0f}" if e.memory_tokens else "0"
+            step = f"{_pct(e.step_ms, 50):.1f} / {_pct(e.step_ms, 95):.1f}"
+        if r.size == 0:
+            lines.append(f"| {r.store} | - | - | - | - | - | - | {recall} | 0 | - |")
+            continue
+        lines.append(
+            f"| {r.store} | {r.size:,} | {r.in_scope:,} | {r.fill_rate:,.0f} "
+            f"| {lat['question_p50']:.1f} / {lat['question_p95']:.1f} "
+            f"| {lat['prompt_p50']:.1f} / {lat['prompt_p95']:.1f} "
+            f"| {lat['list_p50']:.1f} / {lat['list_p95']:.1f} "
+            f"| {recall} | {tokens_cell} | {step} |"
+        )
+    skipped = {r.e2e.skipped for r in rows if r.e2e.skipped}
+    for reason in sorted(skipped):
+        lines += ["", f"End to end not measured: {reason}."]
+    notes = [r for r in rows if r.e2e.still_in_window]
+    for r in notes:
+        lines += ["", f"{r.store} {r.size:,}: {r.e2e.still_in_window} asks still had their "
+                  "fact inside the window (not scored)."]
+    lines += ["", "Background: synthetic episodes, facts and task notes (Zipf-distributed "
+              "words), half of them in the sessions' scope (\"in scope\": live episodic and "
+              "semantic ones), upserted in batches of 1,000. search: `Store.search` over that "
+              "scope (limit 20) with the facts' questions, and with long prompts of the "
+              "background's own frequent words, which match most of the scope (the worst case "
+              "for a ranked search); list: `Store.list` of the last day (limit 20). recall@k: "
+              "asks whose fact value reached the upstream while its statement had been cut; "
+              "memory tokens: what the memory step added to those requests; memory step: its "
+              "wall time on every request, as the proxy runs it."]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.recall", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stores", default="sqlite,postgres",
+                        help="comma-separated: sqlite, postgres")
+    parser.add_argument("--sizes", default="10000,100000", help="background memories")
+    parser.add_argument("--pg-url", default=os.environ.get("CTXPROXY_TEST_PG_URL"),
+                        help="PostgreSQL server to create a scratch schema in")
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=14)
+    parser.add_argument("--facts", type=int, default=3)
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="2k and 10k, 6 sessions")
+    parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    if args.quick:
+        args.sizes, args.sessions, args.queries = "2000,10000", 6, 40
+    args.sizes = [int(s) for s in str(args.sizes).split(",")]
+    args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if args.turns < 2 * args.facts + 7:
+        parser.error("--turns must leave the window (5 turns) between statements and asks")
+    return args
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-recall-") as tmp:
+        rows = [await baseline(args, Path(tmp))]
+        for name in args.stores:
+            rows += await run_store(name, args, Path(tmp))
+    text = report(rows, args)
+    print(text)
+    if not args.no_write:
+        write_results(text)
+        print(f"\nappended to {RESULTS}")
+    return 0
+
+
+def write_results(text: str) -> None:
+    """Append this run inside the Memory recall section, leaving every other section alone."""
+    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if BEGIN in current and END in current:
+        head, rest = current.split(END, 1)
+        updated = head.rstrip("\n") + "\n\n" + text + "\n" + END + rest
+    else:
+        updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{BEGIN}\n{text}\n{END}\n"
+    RESULTS.write_text(updated)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,88 @@
+"""Typed memory blocks: ``<working_memory>``, ``<episodic_memory>``, ``<semantic_memory>``.
+
+Pure. Each memory is one ``<memory>`` element tagged with its type and id, so the model can
+tell a session constraint from a long-term preference and quote an id back. Built with lxml,
+never by string concatenation: a memory's text cannot close its block early.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+
+from lxml import etree
+
+from memory.model import MEMORY_TYPES, Memory, MemoryType
+
+__all__ = ["TAGS", "block_overhead", "item", "render"]
+
+TAGS: dict[MemoryType, str] = {
+    "working": "working_memory",
+    "episodic": "episodic_memory",
+    "semantic": "semantic_memory",
+}
+NOTES: dict[MemoryType, str] = {
+    "working": "This session's task and the user's constraints, from turns no longer shown.",
+    "episodic": "Earlier turns that may bear on the newest request; they may be outdated.",
+    "semantic": "Durable preferences and facts of this user and project.",
+}
+
+# Characters XML 1.0 cannot carry at all; lxml refuses them, so they are dropped.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _clean(text: str) -> str:
+    return _NOT_XML.sub("", text)
+
+
+def _element(memory: Memory) -> etree._Element:
+    el = etree.Element("memory")
+    el.set("type", memory.type)
+    el.set("id", memory.memory_id)
+    if memory.type == "working" and isinstance(memory.attrs.get("kind"), str):
+        el.set("kind", _clean(memory.attrs["kind"]))
+    if memory.type == "episodic":
+        if memory.turn_index is not None:
+            el.set("turn", str(memory.turn_index + 1))
+        el.set("when", time.strftime("%Y-%m-%d", time.gmtime(memory.created_at)))
+    el.text = _clean(memory.text)
+    return el
+
+
+def _string(el: etree._Element) -> str:
+    return str(etree.tostring(el, encoding="unicode"))
+
+
+def item(memory: Memory) -> str:
+    """One memory as it appears inside its block (what the token budget counts)."""
+    return _string(_element(memory))
+
+
+def _wrapper(kind: MemoryType) -> etree._Element:
+    block = etree.Element(TAGS[kind])
+    block.set("note", NOTES[kind])
+    block.text = "\n"
+    return block
+
+
+def block_overhead(kind: MemoryType) -> str:
+    """An empty block of ``kind``: what a block costs before its first memory."""
+    return _string(_wrapper(kind))
+
+
+def render(memories: Sequence[Memory]) -> str:
+    """One block per type present (working, episodic, semantic), memories in the given order
+    within each; '' when there are none."""
+    blocks = []
+    for kind in MEMORY_TYPES:
+        members = [m for m in memories if m.type == kind]
+        if not members:
+            continue
+        block = _wrapper(kind)
+        for memory in members:
+            el = _element(memory)
+            el.tail = "\n"
+            block.append(el)
+        blocks.append(_string(block))
+    return "\n".join(blocks)

@@ -1,0 +1,234 @@
+"""Recall: which memories a user turn gets, scored and cut to ``k`` and a token budget.
+
+score = relevance x type weight x time decay. Two selections per turn:
+
+- *standing* (semantic memories of the scope, working memory of the session): relevance is
+  the memory's own standing (a distilled fact's score; 1 for working memory), never the
+  question, so the block changes only when the window cuts or the memories change;
+- *recalled* (per turn): memory ids the user mentions, ranked full-text search, and a recent
+  time window (the session's latest turns before the window), minus whatever is still inside
+  the forwarded window or already standing.
+
+Each selection keeps at most ``k`` memories; the standing one gets at most half the token
+budget and the recalled one what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from config import Settings
+from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
+
+__all__ = [
+    "Candidate", "Recaller", "Weights", "decay", "mentioned_ids", "score", "select",
+]
+
+DAY = 86400.0
+# How fast a memory fades, by type: a session's task within days, a turn within weeks, a
+# distilled preference within months.
+HALF_LIFE_S: dict[MemoryType, float] = {
+    "working": 1 * DAY,
+    "episodic": 30 * DAY,
+    "semantic": 180 * DAY,
+}
+MENTIONED = 2.0  # above any search relevance: the user asked for it by id
+RECENT = 0.3  # a recent turn that shares no word with the question
+RECENT_WINDOW_S = 6 * 3600.0
+RECENT_LIMIT = 2  # the session's latest turns before the window: what was just going on
+SEARCH_LIMIT = 20
+STANDING_LIMIT = 200
+MAX_MENTIONED = 5
+
+_MEMORY_ID = re.compile(r"\bmem_[0-9a-hjkmnp-tv-z]{26}\b")
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    working: float = 1.5
+    episodic: float = 1.0
+    semantic: float = 0.8
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Weights:
+        return cls(settings.weight_working, settings.weight_episodic, settings.weight_semantic)
+
+    def of(self, kind: MemoryType) -> float:
+        return float(getattr(self, kind))
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    memory: Memory
+    relevance: float
+
+
+def decay(memory: Memory, now: float) -> float:
+    """1 for a memory from now, 1/2 after its type's half-life. An episode ages from when it
+    happened; working and semantic memory from when it was last confirmed."""
+    since = memory.created_at if memory.type == "episodic" else memory.updated_at
+    age = max(0.0, now - since)
+    return math.pow(0.5, age / HALF_LIFE_S[memory.type])
+
+
+def score(candidate: Candidate, weights: Weights, now: float) -> float:
+    memory = candidate.memory
+    return candidate.relevance * weights.of(memory.type) * decay(memory, now)
+
+
+def select(
+    candidates: Iterable[Candidate],
+    *,
+    weights: Weights,
+    now: float,
+    k: int,
+    budget: int,
+    cost: Callable[[Memory], int],
+    overhead: Callable[[MemoryType], int],
+) -> list[Memory]:
+    """The best ``k`` memories whose blocks fit in ``budget`` tokens, best first.
+
+    A memory too big for what is left is skipped for a smaller one further down. A type's
+    first memory also pays for its block's wrapper (``overhead``).
+    """
+    best: dict[str, Candidate] = {}
+    for c in candidates:
+        seen = best.get(c.memory.memory_id)
+        if seen is None or c.relevance > seen.relevance:
+            best[c.memory.memory_id] = c
+    ranked = sorted(
+        best.values(), key=lambda c: (-score(c, weights, now), c.memory.memory_id)
+    )
+    chosen: list[Memory] = []
+    kinds: set[MemoryType] = set()
+    used = 0
+    for c in ranked:
+        if len(chosen) >= k:
+            break
+        if score(c, weights, now) <= 0:
+            break
+        kind = c.memory.type
+        price = cost(c.memory) + (0 if kind in kinds else overhead(kind))
+        if used + price > budget:
+            continue
+        chosen.append(c.memory)
+        kinds.add(kind)
+        used += price
+    return chosen
+
+
+def mentioned_ids(text: str) -> list[str]:
+    """The memory ids in ``text``, first mention first, at most five."""
+    return list(dict.fromkeys(_MEMORY_ID.findall(text)))[:MAX_MENTIONED]
+
+
+def _alive(memory: Memory, now: float) -> bool:
+    return memory.expires_at is None or memory.expires_at > now
+
+
+def _outside(memory: Memory, window: Collection[str]) -> bool:
+    """Not from a turn the model can still see in the forwarded history."""
+    return memory.attrs.get("prompt") not in window
+
+
+class Recaller:
+    """Gathers candidates from the store (raises StoreError) and selects from them."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        weights: Weights,
+        k: int,
+        budget: int,
+        cost: Callable[[Memory], int],
+        overhead: Callable[[MemoryType], int],
+    ) -> None:
+        self._store = store
+        self.weights = weights
+        self.k = k
+        self.budget = budget
+        self._cost = cost
+        self._overhead = overhead
+
+    def choose(self, candidates: Iterable[Candidate], budget: int, now: float) -> list[Memory]:
+        return select(
+            candidates, weights=self.weights, now=now, k=self.k, budget=budget,
+            cost=self._cost, overhead=self._overhead,
+        )
+
+    def cost(self, memories: Sequence[Memory]) -> int:
+        """Tokens the blocks of ``memories`` take."""
+        kinds = {m.type for m in memories}
+        return sum(self._cost(m) for m in memories) + sum(self._overhead(t) for t in kinds)
+
+    async def standing_candidates(
+        self, scope: Scope, session: str, window: Collection[str], now: float
+    ) -> list[Candidate]:
+        """The session's working memory from turns outside the window, and the scope's
+        semantic memory, each with its query-independent relevance."""
+        working, semantic = await asyncio.gather(
+            self._store.list(scope, types=["working"], session_id=session, now=now,
+                             limit=STANDING_LIMIT),
+            self._store.list(scope, types=["semantic"], now=now, limit=STANDING_LIMIT),
+        )
+        out = [Candidate(m, 1.0) for m in working if _outside(m, window)]
+        for m in semantic:
+            standing = m.attrs.get("score", 1.0)
+            relevance = float(standing) if isinstance(standing, int | float) else 1.0
+            out.append(Candidate(m, min(max(relevance, 0.01), 1.0)))
+        return out
+
+    def standing(self, candidates: Sequence[Candidate], now: float) -> list[Memory]:
+        """The standing selection, in a fixed order (type, then age) so that its bytes do not
+        move when scores drift."""
+        chosen = self.choose(candidates, self.budget // 2, now)
+        order = {t: n for n, t in enumerate(MEMORY_TYPES)}
+        return sorted(chosen, key=lambda m: (
+            order[m.type], m.attrs.get("kind") != "task", m.created_at, m.memory_id,
+        ))
+
+    async def recall(
+        self,
+        scope: Scope,
+        session: str,
+        query: str,
+        *,
+        window: Collection[str],
+        exclude: Collection[str],
+        budget: int,
+        now: float,
+    ) -> list[Memory]:
+        """This turn's recall, best first."""
+        if self.k <= 0 or budget <= 0:
+            return []
+        hits, recent = await asyncio.gather(
+            self._store.search(scope, query, types=["episodic", "semantic"],
+                               limit=SEARCH_LIMIT, now=now),
+            self._store.list(scope, types=["episodic"], session_id=session,
+                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT, now=now),
+        )
+        named = await asyncio.gather(*(self._store.get(i) for i in mentioned_ids(query)))
+        candidates: list[Candidate] = []
+        for memory in named:
+            # get() looks across every scope: never let another scope's memory through.
+            if memory is not None and memory.scope == scope and _alive(memory, now):
+                candidates.append(Candidate(memory, MENTIONED))
+        top = max((h.relevance for h in hits), default=0.0)
+        for hit in hits:
+            if _outside(hit.memory, window):
+                candidates.append(Candidate(hit.memory, hit.relevance / top))
+        latest = sorted((m for m in recent if _outside(m, window)),
+                        key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
+        candidates += [Candidate(m, RECENT) for m in latest]
+        candidates = [
+            c for c in candidates
+            if c.memory.memory_id not in exclude
+            # Working memory belongs to its session.
+            and (c.memory.type != "working" or c.memory.session_id == session)
+        ]
+        return self.choose(candidates, budget, now)

@@ -1,0 +1,370 @@
+"""The PostgreSQL memory store: one database that many proxy replicas share.
+
+psycopg 3 async over a connection pool. Full-text search is a generated ``tsvector`` column
+with a GIN index, ranked with ``ts_rank``. Writes are idempotent upserts on
+(scope, type, key), so two replicas ingesting the same session converge on one record per key.
+Every driver error leaves this module as ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
+
+__all__ = ["MIGRATIONS", "PostgresStore"]
+
+# Versioned schema. Append new versions; never edit an applied one.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            """
+            CREATE TABLE memories (
+                memory_id  text PRIMARY KEY,
+                type       text NOT NULL CHECK (type IN ('working', 'episodic', 'semantic')),
+                service_id text NOT NULL,
+                team_id    text NOT NULL,
+                agent_id   text NOT NULL,
+                user_ref   text NOT NULL,
+                key        text NOT NULL,
+                text       text NOT NULL,
+                session_id text,
+                turn_index integer,
+                in_window  boolean NOT NULL DEFAULT false,
+                sources    text[] NOT NULL DEFAULT '{}',
+                attrs      jsonb NOT NULL DEFAULT '{}',
+                created_at double precision NOT NULL,
+                updated_at double precision NOT NULL,
+                expires_at double precision,
+                -- Only the head of a huge text is indexed: a tsvector is capped at 1 MB.
+                tsv tsvector GENERATED ALWAYS AS
+                    (to_tsvector('english'::regconfig, left(text, 100000))) STORED,
+                CONSTRAINT memories_scope_type_key
+                    UNIQUE (service_id, team_id, agent_id, user_ref, type, key)
+            )
+            """,
+            "CREATE INDEX memories_tsv ON memories USING gin (tsv)",
+            """CREATE INDEX memories_scope_updated
+                   ON memories (service_id, team_id, agent_id, user_ref, updated_at DESC)""",
+            "CREATE INDEX memories_updated ON memories (updated_at DESC)",
+            "CREATE INDEX memories_session ON memories (session_id) WHERE session_id IS NOT NULL",
+        ),
+    ),
+)
+
+_COLUMNS = (
+    "memory_id, type, service_id, team_id, agent_id, user_ref, key, text, session_id, "
+    "turn_index, in_window, sources, attrs, created_at, updated_at, expires_at"
+)
+_UPSERT = f"""
+INSERT INTO memories ({_COLUMNS})
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT ON CONSTRAINT memories_scope_type_key DO UPDATE SET
+    text = EXCLUDED.text,
+    session_id = EXCLUDED.session_id,
+    turn_index = EXCLUDED.turn_index,
+    in_window = EXCLUDED.in_window,
+    sources = EXCLUDED.sources,
+    attrs = EXCLUDED.attrs,
+    updated_at = EXCLUDED.updated_at,
+    expires_at = EXCLUDED.expires_at
+RETURNING {_COLUMNS}
+"""
+_M_COLUMNS = ", ".join("m." + c.strip() for c in _COLUMNS.split(","))
+# The question is parsed by the same configuration as the documents; its lexemes (the first
+# 64, as memory.words.terms keeps them) are OR-ed, since a question shares only some words
+# with the memory that answers it. Quoted lexemes cast to tsquery stay exactly as to_tsvector
+# made them. Ranking matches the SQLite store: first how many of the question's lexemes a
+# record holds, then ts_rank, among a pool of the best ts_rank matches.
+_QUERY = r"""
+SELECT string_agg(lit, ' | ')::tsquery AS query, array_agg(lit::tsquery) AS parts
+FROM (
+    SELECT '''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || '''' AS lit
+    FROM unnest(to_tsvector('english'::regconfig, %(query)s))
+    ORDER BY positions[1] LIMIT 64
+) AS t
+"""
+_SEARCH = f"""
+WITH q AS ({_QUERY}), pool AS (
+    SELECT m.memory_id AS id, ts_rank(m.tsv, q.query, 1) AS score
+    FROM memories m, q
+    WHERE m.tsv @@ q.query
+      AND m.service_id = %(service_id)s AND m.team_id = %(team_id)s
+      AND m.agent_id = %(agent_id)s AND m.user_ref = %(user_ref)s
+      AND m.type = ANY(%(types)s)
+      AND (m.expires_at IS NULL OR m.expires_at > %(now)s)
+    ORDER BY score DESC LIMIT 200
+)
+SELECT {_M_COLUMNS}, pool.score, cardinality(q.parts),
+       (SELECT count(*) FROM unnest(q.parts) AS p(part) WHERE m.tsv @@ p.part) AS coverage
+FROM pool JOIN memories m ON m.memory_id = pool.id, q
+ORDER BY coverage DESC, pool.score DESC, m.updated_at DESC, m.memory_id DESC
+LIMIT %(limit)s
+"""
+# Retried: two replicas writing the same keys can still meet in a deadlock or a
+# serialization failure; a second try then succeeds.
+_RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+_MAX_QUERY_CHARS = 8000
+
+
+class PostgresStore:
+    """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
+
+    def __init__(self, url: str, *, max_connections: int = 10, timeout_s: float = 5.0) -> None:
+        self._url = url  # holds the password: never logged
+        self._max = max_connections
+        self._timeout_s = timeout_s
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+
+    def __repr__(self) -> str:
+        return "PostgresStore(<url>)"
+
+    async def open(self) -> None:
+        """Run pending migrations on a connection of its own, then open the pool."""
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
+            self._url,
+            min_size=1,
+            max_size=self._max,
+            open=False,
+            timeout=self._timeout_s,
+            check=AsyncConnectionPool.check_connection,
+            kwargs={"connect_timeout": max(1, round(self._timeout_s))},
+        )
+        try:
+            await self._migrate()
+            await pool.open(wait=True, timeout=self._timeout_s)
+        except (psycopg.Error, OSError) as exc:
+            await pool.close()
+            raise StoreError(f"postgres: cannot open the memory store: {exc}") from exc
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _migrate(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, connect_timeout=max(1, round(self._timeout_s))
+        )
+        async with conn, conn.transaction():
+            # One transaction under an advisory lock: replicas starting together apply each
+            # version once; the others wait, then find nothing left to do.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('ctxproxy.memory:' || current_schema()))"
+            )
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS ctxproxy_migrations ("
+                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxproxy_migrations")
+            row = await cur.fetchone()
+            current = int(row[0]) if row else 0
+            for version, statements in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO ctxproxy_migrations (version) VALUES (%s)", (version,)
+                )
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """A pooled connection inside one transaction; driver errors become StoreError."""
+        if self._pool is None:
+            raise StoreError("postgres: the memory store is not open")
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.Error, UnicodeError) as exc:
+            raise StoreError(f"postgres: {exc}") from exc
+
+    async def upsert(self, memories: Sequence[Memory]) -> list[Memory]:
+        if not memories:
+            return []
+        # Rows are written in key order so that concurrent writers take their row locks in
+        # the same order and cannot deadlock on each other.
+        order = sorted(range(len(memories)), key=lambda i: _conflict_key(memories[i]))
+        params = [_params(memories[i]) for i in order]
+        for attempt in range(3):
+            try:
+                stored = await self._upsert_rows(params)
+                break
+            except StoreError as exc:
+                if attempt == 2 or _sqlstate(exc) not in _RETRY_SQLSTATES:
+                    raise
+        result: list[Memory | None] = [None] * len(memories)
+        for position, memory in zip(order, stored, strict=True):
+            result[position] = memory
+        return [m for m in result if m is not None]
+
+    async def _upsert_rows(self, params: list[tuple[Any, ...]]) -> list[Memory]:
+        stored: list[Memory] = []
+        async with self._conn() as conn, conn.cursor() as cur:
+            await cur.executemany(_UPSERT, params, returning=True)
+            async for result in cur.results():
+                row = await result.fetchone()
+                if row is not None:
+                    stored.append(_memory(row))
+        return stored
+
+    async def get(self, memory_id: str) -> Memory | None:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM memories WHERE memory_id = %s", (memory_id,)
+            )
+            row = await cur.fetchone()
+        return _memory(row) if row else None
+
+    async def delete(self, memory_ids: Sequence[str]) -> int:
+        if not memory_ids:
+            return 0
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "DELETE FROM memories WHERE memory_id = ANY(%s)", (list(memory_ids),)
+            )
+            return cur.rowcount
+
+    async def search(
+        self,
+        scope: Scope,
+        query: str,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> list[Hit]:
+        if not query.strip() or not types or limit <= 0:
+            return []
+        params = {
+            "query": _clean(query[:_MAX_QUERY_CHARS]),
+            "service_id": scope.service_id,
+            "team_id": scope.team_id,
+            "agent_id": scope.agent_id,
+            "user_ref": scope.user,
+            "types": list(types),
+            "now": time.time() if now is None else now,
+            "limit": limit,
+        }
+        async with self._conn() as conn:
+            cur = await conn.execute(_SEARCH, params)
+            rows = await cur.fetchall()
+        hits = []
+        for row in rows:
+            score, words, matched = max(float(row[-3]), 0.0), int(row[-2]), int(row[-1])
+            # In (0, 1) as in the SQLite store: the share of the question's words matched,
+            # ts_rank breaking ties.
+            relevance = (matched + score / (1.0 + score)) / (words + 1)
+            hits.append(Hit(_memory(row[:-3]), max(relevance, 1e-9)))
+        return hits
+
+    async def list(
+        self,
+        scope: Scope | None = None,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        session_id: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        now: float | None = None,
+    ) -> list[Memory]:
+        if not types or limit <= 0:
+            return []
+        where = ["type = ANY(%(types)s)", "(expires_at IS NULL OR expires_at > %(now)s)"]
+        params: dict[str, Any] = {
+            "types": list(types),
+            "now": time.time() if now is None else now,
+            "limit": limit,
+        }
+        if scope is not None:
+            where.append(
+                "service_id = %(service_id)s AND team_id = %(team_id)s"
+                " AND agent_id = %(agent_id)s AND user_ref = %(user_ref)s"
+            )
+            params.update(
+                service_id=scope.service_id,
+                team_id=scope.team_id,
+                agent_id=scope.agent_id,
+                user_ref=scope.user,
+            )
+        if session_id is not None:
+            where.append("session_id = %(session_id)s")
+            params["session_id"] = session_id
+        if since is not None:
+            where.append("updated_at >= %(since)s")
+            params["since"] = since
+        sql = (
+            f"SELECT {_COLUMNS} FROM memories WHERE {' AND '.join(where)}"
+            " ORDER BY updated_at DESC, memory_id DESC LIMIT %(limit)s"
+        )
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+        return [_memory(row) for row in rows]
+
+
+def _clean(value: str) -> str:
+    """PostgreSQL text cannot hold NUL; it becomes U+FFFD rather than failing the write."""
+    return value.replace("\x00", "\ufffd")
+
+
+def _conflict_key(m: Memory) -> tuple[str, ...]:
+    s = m.scope
+    return (s.service_id, s.team_id, s.agent_id, s.user, m.type, m.key)
+
+
+def _params(m: Memory) -> tuple[Any, ...]:
+    s = m.scope
+    return (
+        m.memory_id,
+        m.type,
+        s.service_id,
+        s.team_id,
+        s.agent_id,
+        s.user,
+        _clean(m.key),
+        _clean(m.text),
+        _clean(m.session_id) if m.session_id is not None else None,
+        m.turn_index,
+        m.in_window,
+        list(m.sources),
+        Jsonb(m.attrs),
+        m.created_at,
+        m.updated_at,
+        m.expires_at,
+    )
+
+
+def _memory(row: Sequence[Any]) -> Memory:
+    (memory_id, type_, service_id, team_id, agent_id, user, key, text, session_id,
+     turn_index, in_window, sources, attrs, created_at, updated_at, expires_at) = row
+    return Memory(
+        type=type_,
+        scope=Scope(service_id, team_id, agent_id, user),
+        key=key,
+        text=text,
+        memory_id=memory_id,
+        session_id=session_id,
+        turn_index=turn_index,
+        in_window=in_window,
+        sources=list(sources),
+        attrs=dict(attrs),
+        created_at=created_at,
+        updated_at=updated_at,
+        expires_at=expires_at,
+    )
+
+
+def _sqlstate(exc: StoreError) -> str | None:
+    cause = exc.__cause__
+    return cause.sqlstate if isinstance(cause, psycopg.Error) else None

@@ -1,0 +1,153 @@
+"""A request's history as turns: what each turn said and did, and stable keys for them.
+
+Pure functions. Codex resends the whole history on every request, so a turn's key comes from
+the session and the turn's own content (item ids where the client gives them): the same turn
+in the next request gets the same key, and storing it again updates one record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.window import is_context, is_message, message_text, turn_starts
+
+__all__ = ["COMPACTION_MARKERS", "Turn", "compacted", "render", "session_key", "split"]
+
+Item = dict[str, Any]
+
+# Codex's compaction prompt and the summary that replaces a compacted history.
+COMPACTION_MARKERS = (
+    "You are performing a CONTEXT CHECKPOINT COMPACTION",
+    "Another language model started to solve this problem",
+)
+
+# Bounds of one stored turn (characters): enough to recall what happened, never a whole log.
+USER_CHARS = 2000
+ASSISTANT_CHARS = 2000
+ARGS_CHARS = 300
+OUTPUT_CHARS = 600
+TURN_CHARS = 6000
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One user turn: its prompt and everything up to the next prompt (context excluded)."""
+
+    index: int  # position among the history's turns, from 0
+    prompt_key: str  # the prompt alone: what working memory and window checks refer to
+    key: str  # the whole turn: the episodic record's key
+    user: str
+    items: tuple[Item, ...]
+    complete: bool  # another turn follows and this one got an answer
+    in_window: bool  # still inside the forwarded history
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
+
+
+def _fingerprint(item: Item) -> object:
+    """What identifies an item cheaply: its id, else its call id, else its content."""
+    ident = item.get("id") or item.get("call_id")
+    if isinstance(ident, str):
+        return [item.get("type"), ident]
+    if is_message(item):
+        return [item.get("role"), message_text(item)]
+    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def session_key(session_id: str | None, history: Sequence[Item]) -> str | None:
+    """The session id, or for a client without one, a stand-in derived from its first prompt."""
+    if session_id:
+        return session_id
+    starts = turn_starts(history)
+    if not starts:
+        return None
+    return "anon-" + _digest(message_text(history[starts[0]]))[:16]
+
+
+def split(session: str, history: Sequence[Item], cut: Sequence[Item] = ()) -> list[Turn]:
+    """The turns of ``history``; ``cut`` holds the items the window removed from it."""
+    starts = turn_starts(history)
+    if not starts:
+        return []
+    cut_ids = {id(item) for item in cut}
+    bounds = [*starts, len(history)]
+    turns = []
+    for n, (start, end) in enumerate(itertools.pairwise(bounds)):
+        prompt = history[start]
+        items = tuple(
+            item for item in history[start:end] if isinstance(item, dict) and not is_context(item)
+        )
+        user = message_text(prompt)
+        prompt_key = "prompt:" + _digest(session, user, prompt.get("id"))
+        key = "turn:" + _digest(session, [_fingerprint(item) for item in items])
+        turns.append(
+            Turn(
+                index=n,
+                prompt_key=prompt_key,
+                key=key,
+                user=user,
+                items=items,
+                complete=n + 1 < len(starts) and len(items) > 1,
+                in_window=id(prompt) not in cut_ids,
+            )
+        )
+    return turns
+
+
+def compacted(history: Sequence[Item]) -> bool:
+    """Whether the history was rewritten by a compaction (its first prompt is then not the
+    session's)."""
+    for item in history:
+        if isinstance(item, dict) and is_message(item) and item.get("role") == "user":
+            if message_text(item).lstrip().startswith(COMPACTION_MARKERS):
+                return True
+    return False
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _output_text(item: Item) -> str:
+    output = item.get("output")
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "\n".join(
+            str(part.get("text")) for part in output if isinstance(part, dict) and part.get("text")
+        )
+    return ""
+
+
+def render(turn: Turn) -> tuple[str, list[str]]:
+    """The turn as bounded text (prompt, answers, tool calls with arguments and outputs), and
+    the names of the tools it called."""
+    lines = [f"User: {_clip(turn.user.strip(), USER_CHARS)}"]
+    tools: list[str] = []
+    names: dict[str, str] = {}
+    for item in turn.items[1:]:
+        kind = item.get("type", "message")
+        if is_message(item) and item.get("role") == "assistant":
+            text = message_text(item).strip()
+            if text:
+                lines.append(f"Assistant: {_clip(text, ASSISTANT_CHARS)}")
+        elif kind.endswith("_call") and isinstance(item.get("name"), str):
+            name = str(item["name"])
+            args = item.get("arguments", item.get("input", ""))
+            args = args if isinstance(args, str) else orjson.dumps(args).decode()
+            lines.append(f"Tool call {name}: {_clip(args.strip(), ARGS_CHARS)}")
+            tools.append(name)
+            if isinstance(item.get("call_id"), str):
+                names[item["call_id"]] = name
+        elif kind.endswith("_call_output"):
+            name = names.get(str(item.get("call_id")), "tool")
+            lines.append(f"Tool output {name}: {_clip(_output_text(item).strip(), OUTPUT_CHARS)}")
+    return _clip("\n".join(lines), TURN_CHARS), list(dict.fromkeys(tools))

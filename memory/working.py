@@ -1,0 +1,106 @@
+"""Working memory: this session's task and the user's constraints, with a sliding TTL.
+
+Derived from the history once per user turn. New records are written before the request is
+forwarded (so another replica, or the session after a compaction, already has them); known
+ones only get their TTL pushed back, through the write queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from memory.model import Memory, Scope, Store
+from memory.queue import WriteQueue
+from memory.redact import redact
+from memory.statements import constraints
+from memory.turns import Turn
+
+__all__ = ["Working", "derive"]
+
+TASK_CHARS = 1000
+MAX_CONSTRAINTS = 40
+_SESSIONS = 4096
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def derive(
+    scope: Scope, session: str, turns: Sequence[Turn], *, now: float, ttl_s: float,
+    compacted: bool = False,
+) -> list[Memory]:
+    """The session's working memory as records: the task (its first prompt, unless a
+    compaction rewrote the history) and each constraint the user stated."""
+
+    def record(key: str, text: str, turn: Turn, kind: str) -> Memory:
+        return Memory(
+            type="working", scope=scope, key=key, text=text, session_id=session,
+            turn_index=turn.index, in_window=turn.in_window,
+            attrs={"kind": kind, "prompt": turn.prompt_key},
+            created_at=now, updated_at=now, expires_at=now + ttl_s,
+        )
+
+    out: list[Memory] = []
+    if turns and not compacted and turns[0].user.strip():
+        first = turns[0]
+        out.append(record(f"task:{session}", _clip(redact(first.user), TASK_CHARS), first, "task"))
+    found: dict[str, Memory] = {}
+    for turn in turns:
+        for sentence in constraints(turn.user):
+            text = _clip(redact(sentence), 300)
+            digest = hashlib.sha256(text.lower().encode()).hexdigest()[:24]
+            key = f"constraint:{session}:{digest}"
+            found.pop(key, None)  # restated: it moves to the turn that said it last
+            found[key] = record(key, text, turn, "constraint")
+    out += list(found.values())[-MAX_CONSTRAINTS:]
+    return out
+
+
+class Working:
+    """Writes working memory, remembering per session what is stored and since when."""
+
+    def __init__(self, store: Store, queue: WriteQueue, ttl_s: float) -> None:
+        self._store = store
+        self._queue = queue
+        self._ttl_s = ttl_s
+        # (scope, session) -> ({key: text} as stored, when they were last written)
+        self._known: OrderedDict[tuple[Scope, str], tuple[dict[str, str], float]] = (
+            OrderedDict()
+        )
+
+    async def update(
+        self, scope: Scope, session: str, turns: Sequence[Turn], *, now: float,
+        compacted: bool = False,
+    ) -> list[Memory]:
+        """Store the session's working memory; returns the records. Raises StoreError."""
+        records = derive(scope, session, turns, now=now, ttl_s=self._ttl_s, compacted=compacted)
+        if not records:
+            return []
+        where = (scope, session)
+        known, written_at = self._known.get(where, ({}, 0.0))
+        texts = {m.key: m.text for m in records}
+        # Written now when something is new, or when the last write may have expired
+        # (a session back after a pause): recall reads these records in a moment.
+        if any(known.get(k) != t for k, t in texts.items()) or now - written_at > self._ttl_s / 2:
+            await self._store.upsert(records)
+            self._remember(where, texts, now)
+        else:
+            self._queue.put(lambda: self._refresh(where, records, texts, now))
+        return records
+
+    async def _refresh(
+        self, where: tuple[Scope, str], records: list[Memory], texts: dict[str, str], now: float
+    ) -> None:
+        """Push the sliding TTL back (on the write queue)."""
+        await self._store.upsert(records)
+        self._remember(where, texts, now)
+
+    def _remember(self, where: tuple[Scope, str], texts: dict[str, str], now: float) -> None:
+        self._known[where] = (texts, now)
+        self._known.move_to_end(where)
+        while len(self._known) > _SESSIONS:
+            self._known.popitem(last=False)

@@ -1,0 +1,97 @@
+"""A Codex-like client for the memory tests: replays a growing session through the proxy."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from memory.wiring import MEMORY, Runtime
+from tests.fakes import codex
+from tests.fakes.server import Running
+from tests.fakes.upstream import FakeUpstream
+
+Item = dict[str, Any]
+
+
+async def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> int:
+    async with aiohttp.ClientSession() as s, s.post(
+        url + "/v1/responses", data=json.dumps(body), headers=headers
+    ) as r:
+        await r.read()
+        return r.status
+
+
+def runtime(proxy: Running) -> Runtime:
+    return proxy.app[MEMORY]
+
+
+async def settle(proxy: Running) -> None:
+    """Wait for the queued memory writes, then distil what they brought."""
+    rt = runtime(proxy)
+    await rt.queue.join()
+    await rt.distiller.run_once()
+
+
+@dataclass
+class Session:
+    """One Codex thread: every request resends the whole history, as Codex does."""
+
+    proxy: Running
+    upstream: FakeUpstream
+    session_id: str = "sess-1"
+    headers: dict[str, str] = field(default_factory=dict)
+    items: list[Item] = field(default_factory=codex.context_items)
+    turns: int = 0
+
+    async def send(self) -> dict[str, Any]:
+        hdrs = codex.headers(session_id=self.session_id, turn_id=f"{self.session_id}-t{self.turns}",
+                             **self.headers)
+        status = await post(self.proxy.url, codex.request(self.items, self.session_id), hdrs)
+        assert status == 200
+        return dict(self.upstream.last.json)
+
+    async def say(self, prompt: str) -> dict[str, Any]:
+        """A new user turn: the prompt goes out; the answer is added to the history."""
+        self.turns += 1
+        self.items = [*self.items, codex.text("user", prompt)]
+        sent = await self.send()
+        self.items = [*self.items, codex.text("assistant", f"Answer to: {prompt}")]
+        return sent
+
+    async def say_with_tool(self, prompt: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A turn with one tool call: two requests with the same turn id."""
+        self.turns += 1
+        turn = codex.tool_turn(prompt)
+        user, rest, answer = turn[0], turn[1:-1], turn[-1]
+        self.items = [*self.items, user]
+        first = await self.send()
+        self.items = [*self.items, *rest]
+        second = await self.send()
+        self.items = [*self.items, answer]
+        return first, second
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    return [codex_text(i) for i in body["input"] if i.get("role") == "user"]
+
+
+def codex_text(item: Item) -> str:
+    return "\n".join(p.get("text", "") for p in item.get("content", []))
+
+
+def developer_memory(body: dict[str, Any]) -> list[tuple[int, str]]:
+    """(position, text) of the developer messages holding recalled memory."""
+    return [
+        (n, codex_text(i)) for n, i in enumerate(body["input"])
+        if i.get("role") == "developer" and "_memory" in codex_text(i)
+    ]
+
+
+def memory_text(body: dict[str, Any]) -> str:
+    """Everything the proxy injected as memory: instructions plus recall messages."""
+    parts = [body.get("instructions") or ""]
+    parts += [text for _, text in developer_memory(body)]
+    return "\n".join(parts)

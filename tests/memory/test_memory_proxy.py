@@ -1,0 +1,391 @@
+"""Typed memory end to end: Codex-shaped sessions through the proxy and the fake upstream.
+
+The scenarios that depend on the store run against both backends (``backend``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from injectors import tokens
+from memory import wiring
+from memory.model import Scope, user_ref
+from proxy.app import METRICS
+from tests.conftest import SHARED_FIXTURES, ProxyFactory
+from tests.fakes.upstream import FakeUpstream
+from tests.memory.conftest import Backend
+from tests.memory.session import (
+    Session,
+    developer_memory,
+    memory_text,
+    post,
+    runtime,
+    settle,
+    user_texts,
+)
+
+DB_FACT = "Our database is PostgreSQL 15 on port 5433."
+
+
+async def test_fact_cut_from_the_window_is_recalled_when_asked_about(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(**backend.settings, keep_turns=5)
+    s = Session(proxy, upstream)
+    await s.say(f"{DB_FACT} Set up the migrations folder.")
+    for n in range(2, 12):
+        sent = await s.say(f"turn {n}: please do step {n}")
+        await runtime(proxy).queue.join()
+        if n >= 6:
+            assert not any("PostgreSQL" in t for t in user_texts(sent))
+
+    sent = await s.say("Which port does the database listen on, and which version is it?")
+
+    assert not any("PostgreSQL" in t for t in user_texts(sent))
+    injected = memory_text(sent)
+    assert "PostgreSQL 15 on port 5433" in injected
+    assert re.search(r'<memory type="(episodic|working)" id="mem_[0-9a-z]{26}"', injected)
+
+
+async def test_recalled_turn_goes_in_a_developer_message_before_the_newest_prompt(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=3)
+    s = Session(proxy, upstream)
+    await s.say("Set up the project skeleton.")
+    await s.say(DB_FACT)
+    for n in range(3, 8):
+        await s.say(f"turn {n}: please do step {n}")
+        await runtime(proxy).queue.join()
+
+    sent = await s.say("What port does the database use?")
+
+    recalls = developer_memory(sent)
+    assert len(recalls) == 1
+    position, text = recalls[0]
+    assert sent["input"][position + 1]["content"][0]["text"] == "What port does the database use?"
+    assert "<episodic_memory" in text and "PostgreSQL 15 on port 5433" in text
+    assert "PostgreSQL" not in (sent.get("instructions") or "")
+
+
+async def test_preference_from_earlier_sessions_is_in_the_first_request_of_the_next(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(**backend.settings)
+    for n in (1, 2):
+        s = Session(proxy, upstream, session_id=f"earlier-{n}")
+        await s.say("Use Python, not Node, for the build scripts.")
+        await s.say("Now add a lint step.")
+    await settle(proxy)
+
+    sent = await Session(proxy, upstream, session_id="next").say("Write a release script.")
+
+    instructions = sent.get("instructions") or ""
+    assert "<semantic_memory" in instructions
+    assert "Use Python, not Node, for the build scripts." in instructions
+    assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}">Use Python', instructions)
+
+
+async def test_a_preference_said_once_stays_out_of_semantic_memory(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy()
+    s = Session(proxy, upstream, session_id="once")
+    await s.say("Use Python, not Node, for the build scripts.")
+    await s.say("Now add a lint step.")
+    await settle(proxy)
+
+    sent = await Session(proxy, upstream, session_id="next").say("Write a release script.")
+
+    assert "semantic_memory" not in memory_text(sent)
+
+
+async def test_agents_and_teams_never_see_each_others_memory(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(**backend.settings, keep_turns=1)
+    owner = {"x-team-id": "team-a", "x-agent-id": "coder"}
+    for n in (1, 2):
+        s = Session(proxy, upstream, session_id=f"owner-{n}", headers=owner)
+        await s.say(f"{DB_FACT} Use Python, not Node, for the build scripts.")
+        await s.say("Now add a lint step.")
+    await settle(proxy)
+    same = await Session(proxy, upstream, session_id="owner-3", headers=owner).say(
+        "Which port does the database listen on?"
+    )
+    assert "PostgreSQL 15 on port 5433" in memory_text(same)
+
+    others = [
+        {"x-team-id": "team-a", "x-agent-id": "reviewer"},
+        {"x-team-id": "team-b", "x-agent-id": "coder"},
+        {"x-team-id": "team-a", "x-agent-id": "coder", "x-tdai-user-key": "uk-2"},
+    ]
+    for n, other in enumerate(others):
+        s = Session(proxy, upstream, session_id=f"other-{n}", headers=other)
+        await s.say("Set up the project.")
+        sent = await s.say("Which port does the database listen on? Node or Python?")
+        assert "PostgreSQL" not in memory_text(sent)
+        assert "Python, not Node" not in memory_text(sent)
+
+
+async def test_secrets_are_redacted_before_they_are_stored(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(**backend.settings, keep_turns=1)
+    secrets = [
+        "sk-proj-Abcdefghijklmnopqrstuvwxyz0123456789",
+        "s3cr3t-Passw0rd",
+        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+    ]
+    s = Session(proxy, upstream)
+    await s.say(
+        f"Deploy with OPENAI_API_KEY={secrets[0]} to postgres://admin:{secrets[1]}@db:5432/app "
+        f"and always use the token {secrets[2]} for the deploy bot."
+    )
+    await s.say("Which credentials does the deploy use?")
+    await settle(proxy)
+    sent = await s.say("And the deploy bot?")
+
+    stored = await runtime(proxy).store.list(None, limit=1000)
+    assert {m.type for m in stored} >= {"working", "episodic"}
+    for memory in stored:
+        dump = memory.text + repr(memory.attrs)
+        assert not any(secret in dump for secret in secrets)
+    injected = memory_text(sent)
+    assert "[REDACTED]" in injected
+    assert not any(secret in injected for secret in secrets)
+
+
+async def test_replays_and_retries_store_each_turn_once(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(**backend.settings)
+    s = Session(proxy, upstream)
+    for n in range(1, 5):
+        await s.say(f"turn {n}: please do step {n}")
+    await s.say_with_tool("turn 5: run the tests")
+    await s.say("turn 6: summarise")
+    for _ in range(2):  # Codex retries the same request, even while the first is in flight
+        await asyncio.gather(s.send(), s.send())
+    await runtime(proxy).queue.join()
+    # The same history under another turn id, and through a second proxy on the same store
+    # (another replica, or this one after a restart: nothing cached).
+    await Session(proxy, upstream, items=list(s.items), turns=99).send()
+    await runtime(proxy).queue.join()
+    restarted = await start_proxy(**backend.settings)
+    await Session(restarted, upstream, items=list(s.items), turns=100).send()
+    await runtime(restarted).queue.join()
+
+    episodes = await runtime(restarted).store.list(None, types=["episodic"], limit=1000)
+    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4]
+    assert len({m.key for m in episodes}) == 5
+    tool_turn = next(m for m in episodes if m.turn_index == 4)
+    assert "Tool call exec_command" in tool_turn.text
+    assert "Tool output exec_command" in tool_turn.text
+    working = await runtime(restarted).store.list(None, types=["working"], limit=1000)
+    assert [m.attrs["kind"] for m in working] == ["task"]
+
+
+async def test_episodes_know_whether_they_are_still_in_the_window(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=2)
+    s = Session(proxy, upstream)
+    for n in range(1, 6):
+        await s.say(f"turn {n}: please do step {n}")
+        await runtime(proxy).queue.join()
+
+    episodes = await runtime(proxy).store.list(None, types=["episodic"], limit=100)
+    flags = {m.turn_index: m.in_window for m in episodes}
+    # Turns 1-4 are complete; the window keeps turns 4 and 5.
+    assert flags == {0: False, 1: False, 2: False, 3: True}
+
+
+def _recall_at(items: list[dict[str, object]]) -> int | None:
+    return next((n for n, item in enumerate(items) if item.get("role") == "developer"
+                 and "_memory" in str(item.get("content"))), None)
+
+
+async def test_requests_between_cuts_share_their_prefix_up_to_the_recall_message(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(**backend.settings, keep_turns=3, trim_slack=3)
+    s = Session(proxy, upstream)
+    await s.say(f"Set up the service. {DB_FACT} Never commit to main.")
+    for n in range(2, 6):
+        await s.say(f"turn {n}: the database port is configured in step {n}")
+    await runtime(proxy).queue.join()
+    sent: list[dict[str, Any]] = []
+    for n in range(6, 11):
+        first, second = await s.say_with_tool(f"turn {n}: check the database port again")
+        sent += [first, second]
+        await runtime(proxy).queue.join()
+
+    cuts = recalls = 0
+    for n, (before, after) in enumerate(itertools.pairwise(sent)):
+        if user_texts(before)[1] != user_texts(after)[1]:
+            cuts += 1  # the window moved: a new prefix starts here
+            continue
+        assert after.get("instructions") == before.get("instructions")
+        end = _recall_at(before["input"])
+        recalls += end is not None
+        assert after["input"][: end or len(before["input"])] == before["input"][: end]
+        if n % 2 == 0:  # the tool loop of one turn: the whole first request is a prefix
+            assert after["input"][: len(before["input"])] == before["input"]
+    # Turns 6 to 10 with a slack of 3 cut once (at turn 7): 8 of 9 pairs share a prefix.
+    assert cuts == 1
+    assert recalls >= 4
+    assert "Never commit to main." not in (sent[0].get("instructions") or "")
+    assert "Never commit to main." in sent[-1]["instructions"]
+
+
+async def test_every_request_of_a_turn_gets_the_same_memory_bytes(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=2)
+    s = Session(proxy, upstream)
+    await s.say(DB_FACT)
+    for n in range(2, 5):
+        await s.say(f"turn {n}: step {n}")
+        await runtime(proxy).queue.join()
+
+    first, second = await s.say_with_tool("turn 5: which database port do we use?")
+
+    assert developer_memory(first) and developer_memory(first) == developer_memory(second)
+    assert first.get("instructions") == second.get("instructions")
+
+
+async def test_store_failure_leaves_the_request_without_memory_but_forwards_it(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=2)
+    s = Session(proxy, upstream)
+    await s.say(DB_FACT)
+    for n in range(2, 5):
+        await s.say(f"turn {n}: step {n}")
+    await runtime(proxy).queue.join()
+    await runtime(proxy).store.close()
+
+    sent = await s.say("turn 5: which database port do we use?")
+
+    assert "_memory" not in memory_text(sent)
+    assert user_texts(sent)[-1] == "turn 5: which database port do we use?"
+    assert len([t for t in user_texts(sent) if t.startswith("turn")]) == 2  # window still cut
+    registry = proxy.app[METRICS].registry
+    assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) >= 1
+
+
+async def test_unreadable_store_file_still_serves_requests(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    data = tmp_path / "broken"
+    data.mkdir()
+    (data / "memory.sqlite3").write_bytes(b"not a database " * 500)
+    proxy = await start_proxy(data_dir=data)
+
+    sent = await Session(proxy, upstream).say("Use Python, not Node.")
+
+    assert user_texts(sent)[-1] == "Use Python, not Node."
+    assert "_memory" not in memory_text(sent)
+
+
+async def test_scope_is_service_team_agent_and_user(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(service_id="svc-9")
+    s = Session(proxy, upstream, headers={"x-team-id": "t", "x-agent-id": "a",
+                                          "x-tdai-user-key": "uk-secret-1"})
+    await s.say("Always write tests first.")
+
+    stored = await runtime(proxy).store.list(None, limit=10)
+    assert stored
+    assert {m.scope for m in stored} == {Scope("svc-9", "t", "a", user_ref("uk-secret-1"))}
+    assert all("uk-secret-1" not in repr(m) for m in stored)
+
+
+async def test_memory_blocks_stay_within_the_token_budget(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=1, memory_tokens=150)
+    s = Session(proxy, upstream)
+    await s.say("Set up the deploy pipeline. Never deploy on Fridays.")
+    for n in range(2, 9):
+        await s.say(f"The deploy of service {n} needs the flag --region-{n} " + "and more " * 20)
+        await runtime(proxy).queue.join()
+
+    sent = await s.say("How do we deploy the services?")
+
+    blocks = re.findall(r"<(\w+_memory)\b.*?</\1>", memory_text(sent), re.DOTALL)
+    assert blocks  # something was recalled...
+    found = re.findall(r"<(?:working|episodic|semantic)_memory\b.*?</\w+_memory>",
+                       memory_text(sent), re.DOTALL)
+    assert sum(tokens.count(b) for b in found) <= 150  # ...within the budget
+    full = await start_proxy(keep_turns=1)
+    s2 = Session(full, upstream, items=list(s.items), turns=50)
+    sent2 = await s2.send()
+    assert memory_text(sent2).count("<memory ") > memory_text(sent).count("<memory ")
+
+
+async def test_memory_off_forwards_the_request_as_it_came(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    proxy = await start_proxy(memory_enabled=False, data_dir=tmp_path / "off")
+    s = Session(proxy, upstream)
+    await s.say("Use Python, not Node.")
+    sent = await s.say("Next.")
+    assert "instructions" not in sent
+    assert not (tmp_path / "off" / "memory.sqlite3").exists()
+
+
+async def test_a_store_that_could_not_open_is_retried_until_it_does(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wiring, "REOPEN_S", 0.01)
+    blocker = tmp_path / "data" / "memory.sqlite3"
+    blocker.mkdir(parents=True)  # a folder where the database file should be
+    proxy = await start_proxy(data_dir=tmp_path / "data")
+    s = Session(proxy, upstream)
+    assert "_memory" not in memory_text(await s.say("Never use eval."))
+
+    blocker.rmdir()
+    opening = runtime(proxy).opening
+    assert opening is not None
+    await asyncio.wait_for(opening, 10)
+    await s.say("Now the parser.")
+
+    working = await runtime(proxy).store.list(None, types=["working"])
+    assert "Never use eval." in [m.text for m in working]
+
+
+async def test_a_real_codex_session_is_remembered_and_recalled(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=2)
+    folder = Path(SHARED_FIXTURES) / "03_resume_7turns"
+    for path in sorted(folder.glob("*_POST_v1_responses.json")):
+        recorded = json.loads(path.read_text())
+        headers = {k: v for k, v in recorded["headers"].items()
+                   if k.lower() not in ("host", "content-length")}
+        assert await post(proxy.url, recorded["body"], headers) == 200
+        await runtime(proxy).queue.join()
+
+    sent = upstream.last.json
+    episodes = await runtime(proxy).store.list(None, types=["episodic"], limit=100)
+    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5]
+    assert {m.session_id for m in episodes} == {"01a22974-4010-7fa0-a68c-b1ca4fc0dbf1"}
+    in_window = [m.in_window for m in sorted(episodes, key=lambda m: m.turn_index or 0)]
+    assert in_window == [False] * 5 + [True]
+    ((position, text),) = developer_memory(sent)
+    newest = sent["input"][position + 1]["content"][0]["text"]
+    assert newest == "turn 7: please continue (mode text)"
+    assert "<episodic_memory" in text
+    working = sent["instructions"]
+    assert "turn 1: run echo hi" in working  # the task, cut from the window

@@ -1,0 +1,87 @@
+"""The bounded write queue owned by the app."""
+
+from __future__ import annotations
+
+import asyncio
+
+from memory.health import Health
+from memory.model import StoreError
+from memory.queue import WriteQueue
+
+
+def queue(size: int = 10) -> tuple[WriteQueue, list[int], list[int]]:
+    failures: list[int] = []
+    depths: list[int] = []
+    q = WriteQueue(size, Health(lambda: failures.append(1)), depths.append)
+    return q, failures, depths
+
+
+async def test_jobs_run_in_order_off_the_callers_path() -> None:
+    q, _, depths = queue()
+    done: list[int] = []
+
+    async def job(n: int) -> None:
+        done.append(n)
+
+    for n in range(3):
+        assert q.put(lambda n=n: job(n))  # type: ignore[misc]
+    assert done == []  # nothing runs before the worker does
+    q.start()
+    await q.join()
+    assert done == [0, 1, 2]
+    assert depths[-1] == 0
+    await q.close()
+
+
+async def test_a_full_queue_drops_the_write_and_counts_it() -> None:
+    q, failures, _ = queue(size=2)
+
+    async def job() -> None:
+        return None
+
+    assert q.put(job) and q.put(job)
+    assert not q.put(job)
+    assert q.dropped == 1 and failures == [1]
+
+
+async def test_failed_writes_are_counted_and_later_ones_still_run() -> None:
+    q, failures, _ = queue()
+    done: list[str] = []
+
+    async def broken() -> None:
+        raise StoreError("disk full")
+
+    async def buggy() -> None:
+        raise KeyError("oops")
+
+    async def fine() -> None:
+        done.append("fine")
+
+    for job in (broken, buggy, fine):
+        q.put(job)
+    q.start()
+    await q.join()
+    assert done == ["fine"] and failures == [1]
+    await q.close()
+
+
+async def test_close_drains_what_is_queued() -> None:
+    q, _, _ = queue()
+    done: list[int] = []
+    gate = asyncio.Event()
+
+    async def slow() -> None:
+        await gate.wait()
+        done.append(1)
+
+    async def quick() -> None:
+        done.append(2)
+
+    q.put(slow)
+    q.put(quick)
+    q.start()
+    closing = asyncio.create_task(q.close())
+    await asyncio.sleep(0)
+    gate.set()
+    await closing
+    assert done == [1, 2]

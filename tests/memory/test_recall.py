@@ -1,0 +1,153 @@
+"""Recall: scoring by relevance, type weight and decay; k; the token budget; scope."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from injectors import memory_blocks, tokens
+from memory.model import Memory, MemoryType, Scope
+from memory.recall import Candidate, Recaller, Weights, decay, mentioned_ids, select
+from memory.store_sqlite import SqliteStore
+
+SCOPE = Scope("svc", "team", "agent", "u_1")
+NOW = 1_800_000_000.0
+DAY = 86400.0
+
+
+def mem(
+    text: str, kind: MemoryType = "episodic", *, age: float = 0.0, session_id: str | None = None,
+    attrs: dict[str, object] | None = None,
+) -> Memory:
+    at = NOW - age
+    return Memory(type=kind, scope=SCOPE, key=text, text=text, created_at=at, updated_at=at,
+                  session_id=session_id, attrs=dict(attrs or {}))
+
+
+def cost(memory: Memory) -> int:
+    return tokens.count(memory_blocks.item(memory)) + 1
+
+
+def overhead(kind: MemoryType) -> int:
+    return tokens.count(memory_blocks.block_overhead(kind))
+
+
+DEFAULT = Weights()
+
+
+def choose(candidates: list[Candidate], *, weights: Weights = DEFAULT, k: int = 5,
+           budget: int = 10_000) -> list[str]:
+    chosen = select(candidates, weights=weights, now=NOW, k=k, budget=budget, cost=cost,
+                    overhead=overhead)
+    return [m.text for m in chosen]
+
+
+def test_equal_relevance_ranks_working_then_episodic_then_semantic() -> None:
+    candidates = [Candidate(mem(t, t), 0.5) for t in ("semantic", "episodic", "working")]
+    assert choose(candidates) == ["working", "episodic", "semantic"]
+
+
+def test_type_weights_are_configurable() -> None:
+    candidates = [Candidate(mem(t, t), 0.5) for t in ("semantic", "episodic", "working")]
+    weights = Weights(working=0.1, episodic=1.0, semantic=2.0)
+    assert choose(candidates, weights=weights) == ["semantic", "episodic", "working"]
+
+
+def test_relevance_beats_a_small_type_weight() -> None:
+    candidates = [Candidate(mem("weak working", "working"), 0.2),
+                  Candidate(mem("strong episode"), 1.0)]
+    assert choose(candidates) == ["strong episode", "weak working"]
+
+
+def test_older_memories_fade() -> None:
+    old, new = mem("old", age=90 * DAY), mem("new", age=DAY)
+    assert decay(old, NOW) < decay(new, NOW) < 1.0
+    assert decay(mem("x", age=30 * DAY), NOW) == pytest.approx(0.5)
+    assert choose([Candidate(old, 1.0), Candidate(new, 0.9)]) == ["new", "old"]
+
+
+def test_at_most_k_memories() -> None:
+    candidates = [Candidate(mem(f"m{n}"), 1.0 - n / 10) for n in range(8)]
+    assert choose(candidates, k=3) == ["m0", "m1", "m2"]
+
+
+def test_the_budget_counts_items_and_block_wrappers() -> None:
+    big = mem("big " * 300)
+    small = [mem(f"small note {n}") for n in range(3)]
+    candidates = [Candidate(big, 1.0)] + [Candidate(m, 0.5 - n / 10) for n, m in enumerate(small)]
+    budget = overhead("episodic") + sum(cost(m) for m in small)
+    assert choose(candidates, budget=budget) == [m.text for m in small]
+    assert choose(candidates, budget=budget - 1) == [m.text for m in small[:2]]
+    assert choose(candidates, budget=0) == []
+
+
+def test_duplicates_count_once_at_their_best_relevance() -> None:
+    m = mem("same")
+    assert choose([Candidate(m, 0.1), Candidate(m, 0.9), Candidate(mem("other"), 0.5)]) == [
+        "same", "other",
+    ]
+
+
+def test_memory_ids_in_a_prompt_are_found() -> None:
+    text = "see mem_01m8mwa4cfb9sazjcfa6msb7fq and mem_01m8mwa4cfb9sazjcfa6msb7fq, mem_bad"
+    assert mentioned_ids(text) == ["mem_01m8mwa4cfb9sazjcfa6msb7fq"]
+
+
+# --- the Recaller against a store ----------------------------------------------------------
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    opened = SqliteStore(tmp_path / "memory.sqlite3")
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+def recaller(store: SqliteStore, k: int = 5, budget: int = 1200) -> Recaller:
+    return Recaller(store, weights=Weights(), k=k, budget=budget, cost=cost, overhead=overhead)
+
+
+async def test_a_memory_id_from_another_scope_is_never_recalled(store: SqliteStore) -> None:
+    other = replace(SCOPE, agent_id="someone-else")
+    (theirs,) = await store.upsert([replace(mem("their secret plan"), scope=other)])
+    (mine,) = await store.upsert([mem("my unrelated note")])
+
+    got = await recaller(store).recall(
+        SCOPE, "s", f"show {theirs.memory_id} and {mine.memory_id}", window=(), exclude=(),
+        budget=1200, now=NOW,
+    )
+    assert [m.text for m in got] == ["my unrelated note"]
+
+
+async def test_turns_still_in_the_window_are_not_recalled(store: SqliteStore) -> None:
+    await store.upsert([
+        mem("the deploy target is eu-west-1", attrs={"prompt": "prompt:inside"}),
+        mem("the deploy script lives in ops/", attrs={"prompt": "prompt:cut"}),
+    ])
+    got = await recaller(store).recall(
+        SCOPE, "s", "where does the deploy go?", window={"prompt:inside"}, exclude=(),
+        budget=1200, now=NOW,
+    )
+    assert [m.text for m in got] == ["the deploy script lives in ops/"]
+
+
+async def test_standing_candidates_are_this_sessions_working_memory_and_semantic(
+    store: SqliteStore,
+) -> None:
+    await store.upsert([
+        mem("task of this session", "working", session_id="s", attrs={"prompt": "p1"}),
+        mem("constraint still in view", "working", session_id="s", attrs={"prompt": "p2"}),
+        mem("task of another session", "working", session_id="other"),
+        mem("Use Python, not Node.", "semantic", attrs={"score": 0.8}),
+        mem("an episode", "episodic", session_id="s"),
+    ])
+    r = recaller(store)
+    candidates = await r.standing_candidates(SCOPE, "s", {"p2"}, NOW)
+    assert sorted(c.memory.text for c in candidates) == ["Use Python, not Node.",
+                                                         "task of this session"]
+    assert [m.text for m in r.standing(candidates, NOW)] == ["task of this session",
+                                                              "Use Python, not Node."]

@@ -1,0 +1,62 @@
+"""Secrets never reach the memory store."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory.redact import MARK, redact
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("key sk-proj-Abcdefghijklmnop1234567890 here", "sk-proj-Abcdefghijklmnop1234567890"),
+        ("sk-ant-api03-abcdefghijklmnopqrstuv", "sk-ant-api03-abcdefghijklmnopqrstuv"),
+        ("curl -H 'Authorization: Bearer eyJhbGciOi.abc-def_ghi'", "eyJhbGciOi.abc-def_ghi"),
+        ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
+        ("DATABASE_URL=postgres://admin:hunter2@db:5432/app", "hunter2"),
+        ("https://bob:p%40ss@example.com/x", "p%40ss"),
+        ("password=hunter2 next", "hunter2"),
+        ("DB_PASSWORD: 'correct horse'", "correct horse"),
+        ('{"api_key": "abc123xyz"}', "abc123xyz"),
+        ("GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123", "ghp_abcdefghijklmnopqrstuvwxyz0123"),
+        ("see ghp_abcdefghijklmnopqrstuvwxyz0123 here", "ghp_abcdefghijklmnopqrstuvwxyz0123"),
+        ("token = 'tok_live_42'", "tok_live_42"),
+        ("the admin password is Tr0ub4dor&3 ok", "Tr0ub4dor&3"),
+        ("aws AKIAIOSFODNN7EXAMPLE key", "AKIAIOSFODNN7EXAMPLE"),
+        ("slack xoxb-123456789012-abcdefghij", "xoxb-123456789012-abcdefghij"),
+        ("client_secret: s3cr3tValue", "s3cr3tValue"),
+    ],
+)
+def test_secret_is_replaced_by_the_mark(text: str, secret: str) -> None:
+    out = redact(text)
+    assert secret not in out
+    assert MARK in out
+
+
+def test_private_key_block_is_removed_whole() -> None:
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA\nAAAB\n" \
+          "-----END OPENSSH PRIVATE KEY-----"
+    out = redact(f"here it is:\n{key}\nthanks")
+    assert "b3BlbnNzaC1rZXktdjEAAAA" not in out
+    assert out.startswith("here it is:") and out.endswith("thanks")
+
+
+def test_truncated_private_key_is_removed_to_the_end() -> None:
+    out = redact("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA")
+    assert "MIIEowIBAAKCAQEA" not in out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "set max_tokens=100 in the request",
+        "the bearer of bad news",
+        "Basic authentication is used",
+        "use Python, not Node",
+        "our database is PostgreSQL 15 on port 5433",
+        "tokens: 42",
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert redact(text) == text

@@ -1,0 +1,96 @@
+"""What the SQLite store adds to the shared contract: WAL, migrations, errors, two writers."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from memory.model import Memory, Scope, StoreError
+from memory.store_sqlite import MIGRATIONS, SqliteStore
+
+SCOPE = Scope("svc")
+
+
+def mem(key: str, text: str = "some text") -> Memory:
+    return Memory(type="episodic", scope=SCOPE, key=key, text=text)
+
+
+async def test_open_makes_the_folder_uses_wal_and_records_the_schema_version(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "deep" / "er" / "memory.sqlite3"
+    store = SqliteStore(path)
+    await store.open()
+    await store.close()
+
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == MIGRATIONS[-1][0]
+
+
+async def test_reopening_keeps_the_records_and_migrates_nothing_twice(tmp_path: Path) -> None:
+    path = tmp_path / "memory.sqlite3"
+    first = SqliteStore(path)
+    await first.open()
+    (stored,) = await first.upsert([mem("k", "kept across restarts")])
+    await first.close()
+
+    again = SqliteStore(path)
+    await again.open()
+    assert await again.get(stored.memory_id) == stored
+    assert [h.memory.key for h in await again.search(SCOPE, "restarts")] == ["k"]
+    await again.close()
+
+
+async def test_two_stores_on_one_file_converge_on_one_record_per_key(tmp_path: Path) -> None:
+    path = tmp_path / "memory.sqlite3"
+    a, b = SqliteStore(path), SqliteStore(path)
+    await asyncio.gather(a.open(), b.open())
+    batch = [mem(f"turn-{n}") for n in range(30)]
+    await asyncio.gather(a.upsert(batch), b.upsert([mem(m.key) for m in batch]),
+                         a.upsert(batch[::-1]))
+
+    listed = await b.list(None, limit=100)
+    assert sorted(m.key for m in listed) == sorted(m.key for m in batch)
+    await a.close()
+    await b.close()
+
+
+async def test_a_corrupt_row_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "memory.sqlite3"
+    store = SqliteStore(path)
+    await store.open()
+    (stored,) = await store.upsert([mem("k")])
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE memories SET attrs = '{broken' WHERE key = 'k'")
+
+    with pytest.raises(StoreError):
+        await store.get(stored.memory_id)
+    await store.close()
+
+
+async def test_a_path_that_cannot_be_created_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    store = SqliteStore(blocker / "memory.sqlite3")
+    with pytest.raises(StoreError):
+        await store.open()
+    with pytest.raises(StoreError):
+        await store.list(None)
+
+
+async def test_search_is_ranked_by_words_matched_then_bm25(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    await store.upsert([
+        mem("both", "the database port is 5433"),
+        mem("port", "port " * 5),
+        mem("neither", "nothing to see"),
+    ])
+    hits = await store.search(SCOPE, "database port")
+    assert [h.memory.key for h in hits] == ["both", "port"]
+    assert 1 > hits[0].relevance > hits[1].relevance > 0
+    await store.close()

@@ -1,0 +1,147 @@
+"""The memory step on its own: what it writes before forwarding, and once per turn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from config import load_settings
+from injectors import memory_blocks, tokens
+from memory.health import Health
+from memory.ingest import Ingester
+from memory.queue import WriteQueue
+from memory.recall import Recaller, Weights
+from memory.step import MemoryStep
+from memory.store_sqlite import SqliteStore
+from memory.wiring import _cost
+from memory.working import Working
+from proxy.metrics import Metrics
+from proxy.pipeline import WindowStep
+from proxy.request import Exchange
+from tests.fakes import codex
+
+
+@dataclass
+class Rig:
+    step: MemoryStep
+    store: SqliteStore
+    queue: WriteQueue
+    failures: list[int]
+    settings: Any
+
+    async def run(self, items: list[dict[str, Any]], turn_id: str = "t1",
+                  **headers: str) -> Exchange:
+        raw = orjson.dumps(codex.request(items))
+        hdrs = CIMultiDictProxy(CIMultiDict(codex.headers(turn_id=turn_id, **headers)))
+        ex = Exchange.parse(raw, hdrs, self.settings)
+        await WindowStep(self.settings.keep_turns)(ex)
+        await self.step(ex)
+        return ex
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    overrides = getattr(request, "param", {})
+    settings = load_settings(env={}, data_dir=tmp_path, keep_turns=2, **overrides)
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    failures: list[int] = []
+    health = Health(lambda: failures.append(1))
+    queue = WriteQueue(100, health)  # not started: writes wait until a test starts it
+    recaller = Recaller(
+        store, weights=Weights(), k=5, budget=1200, cost=_cost,
+        overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)),
+    )
+    step = MemoryStep(
+        settings, working=Working(store, queue, 1800), ingester=Ingester(store),
+        recaller=recaller, queue=queue, health=health, metrics=Metrics(),
+    )
+    yield Rig(step, store, queue, failures, settings)
+    await step.close()
+    queue.start()
+    await queue.close()
+    await store.close()
+
+
+def history(*prompts: str) -> list[dict[str, Any]]:
+    items = codex.context_items()
+    for prompt in prompts[:-1]:
+        items += codex.text_turn(prompt)
+    return [*items, codex.text("user", prompts[-1])]
+
+
+async def test_working_memory_is_stored_before_the_request_goes_on(rig: Rig) -> None:
+    await rig.run(history("Port the CLI to Rust.", "Never use unsafe code.", "Go on."))
+
+    working = await rig.store.list(None, types=["working"])
+    assert sorted(m.text for m in working) == ["Never use unsafe code.", "Port the CLI to Rust."]
+    assert await rig.store.list(None, types=["episodic"]) == []  # still queued
+
+    rig.queue.start()
+    await rig.queue.join()
+    assert len(await rig.store.list(None, types=["episodic"])) == 2
+
+
+async def test_a_turn_recalls_once_and_its_tool_loop_reuses_the_bytes(rig: Rig) -> None:
+    rig.queue.start()
+    prompts = ["Set up the repo.", "Our database is PostgreSQL 15 on port 5433.",
+               "step three", "step four"]
+    for n in range(1, len(prompts) + 1):
+        await rig.run(history(*prompts[:n]), turn_id=f"t{n}")
+        await rig.queue.join()
+    items = history(*prompts, "Which port is the database on?")
+    first = await rig.run(items, turn_id="t5")
+    await rig.store.close()  # a second recall would now fail
+
+    loop = [*items, *codex.tool_turn("x")[1:-1]]
+    second = await rig.run(loop, turn_id="t5")
+
+    assert first.notes["memory_cache"] == "miss" and second.notes["memory_cache"] == "hit"
+    assert "PostgreSQL 15 on port 5433" in orjson.dumps(first.body).decode()
+    assert first.body.get("instructions") == second.body.get("instructions")
+    recall = [i for i in first.body["input"] if i.get("role") == "developer"][-1]
+    assert recall in second.body["input"]
+    assert rig.failures == []
+    await rig.store.open()
+
+
+async def test_a_compaction_request_is_left_alone(rig: Rig) -> None:
+    items = history("one", "two", "three")
+    ex = await rig.run(items, kind="compaction")
+    assert not ex.changed
+    assert await rig.store.list(None) == []
+
+
+@pytest.mark.parametrize("rig", [{"memory_placement": "instructions"}], indirect=True)
+async def test_instructions_placement_puts_every_block_in_the_system_prompt(rig: Rig) -> None:
+    rig.queue.start()
+    prompts = ["Set up the repo.", "Our database is PostgreSQL 15 on port 5433.",
+               "step three", "step four"]
+    for n in range(1, len(prompts) + 1):
+        await rig.run(history(*prompts[:n]), turn_id=f"t{n}")
+        await rig.queue.join()
+
+    ex = await rig.run(history(*prompts, "Which port is the database on?"), turn_id="t5")
+
+    assert not [i for i in ex.body["input"] if i.get("role") == "developer"
+                and "_memory" in str(i)]
+    instructions = ex.body["instructions"]
+    assert "<working_memory" in instructions and "<episodic_memory" in instructions
+    assert "PostgreSQL 15 on port 5433" in instructions
+
+
+async def test_a_store_failure_is_counted_and_the_request_goes_without_memory(
+    rig: Rig,
+) -> None:
+    await rig.store.close()
+    ex = await rig.run(history("one", "two", "three", "four"))
+    assert ex.notes["memory_degraded"] is True
+    assert "instructions" not in ex.body
+    assert len(rig.failures) == 2  # working memory, then recall
+    await rig.store.open()

@@ -1,0 +1,270 @@
+"""The store contract: the same suite against every backend (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from memory.model import Memory, MemoryType, Scope, Store, StoreError
+from tests.memory.conftest import Backend
+
+SCOPE = Scope("svc", "team-a", "agent-1", "u_1")
+T0 = 1_700_000_000.0
+
+
+def mem(
+    text: str,
+    key: str | None = None,
+    *,
+    type: MemoryType = "episodic",
+    scope: Scope = SCOPE,
+    at: float = T0,
+    **extra: Any,
+) -> Memory:
+    return Memory(
+        type=type, scope=scope, key=key or text, text=text, created_at=at, updated_at=at,
+        **extra,
+    )
+
+
+# --- upsert and get ----------------------------------------------------------------------
+
+
+async def test_upsert_twice_keeps_one_record_with_its_first_id(store: Store) -> None:
+    first = (await store.upsert([mem("the build uses make", "turn-1", at=T0)]))[0]
+    again = mem("the build uses make and ninja", "turn-1", at=T0 + 60)
+    second = (await store.upsert([again]))[0]
+
+    assert second.memory_id == first.memory_id
+    assert second.created_at == T0
+    assert second.updated_at == T0 + 60
+    assert second.text == "the build uses make and ninja"
+    listed = await store.list(SCOPE, now=T0)
+    assert [m.memory_id for m in listed] == [first.memory_id]
+    assert listed[0].text == "the build uses make and ninja"
+
+
+async def test_upsert_returns_stored_records_in_input_order(store: Store) -> None:
+    old = (await store.upsert([mem("b text", "b")]))[0]
+    batch = [mem("c text", "c"), mem("b text again", "b"), mem("a text", "a")]
+    stored = await store.upsert(batch)
+
+    assert [m.key for m in stored] == ["c", "b", "a"]
+    assert stored[1].memory_id == old.memory_id
+    assert stored[0].memory_id == batch[0].memory_id
+    assert stored[2].memory_id == batch[2].memory_id
+
+
+async def test_same_key_twice_in_one_batch_is_one_record(store: Store) -> None:
+    stored = await store.upsert([mem("first", "k", at=T0), mem("second", "k", at=T0 + 1)])
+
+    assert stored[0].memory_id == stored[1].memory_id
+    listed = await store.list(SCOPE, now=T0)
+    assert [m.text for m in listed] == ["second"]
+
+
+async def test_same_key_in_another_type_or_scope_is_another_record(store: Store) -> None:
+    other = replace(SCOPE, agent_id="agent-2")
+    await store.upsert([
+        mem("x", "k"), mem("x", "k", type="semantic"), mem("x", "k", scope=other),
+    ])
+
+    assert len(await store.list(None, now=T0)) == 3
+
+
+async def test_concurrent_upserts_of_the_same_keys_make_one_record_each(store: Store) -> None:
+    def batch(n: int) -> list[Memory]:
+        return [mem(f"turn {i} text from writer {n}", f"turn-{i}") for i in range(20)]
+
+    results = await asyncio.gather(*(store.upsert(batch(n)) for n in range(8)))
+
+    ids = {m.key: m.memory_id for m in results[0]}
+    assert all({m.key: m.memory_id for m in r} == ids for r in results)
+    listed = await store.list(SCOPE, limit=1000, now=T0)
+    assert sorted(m.key for m in listed) == sorted(f"turn-{i}" for i in range(20))
+
+
+async def test_get_returns_every_field_as_stored(store: Store) -> None:
+    record = mem(
+        "Prefers Python over Node", "pref:language", type="semantic",
+        session_id="sess-9", turn_index=4, in_window=True,
+        sources=["mem_01aaaaaaaaaaaaaaaaaaaaaaaa", "mem_01bbbbbbbbbbbbbbbbbbbbbbbb"],
+        attrs={"subject": "language", "score": 0.82, "seen": [1, 2], "nested": {"a": None}},
+        expires_at=T0 + 1800.5,
+    )
+    await store.upsert([record])
+
+    got = await store.get(record.memory_id)
+    assert got == record
+
+
+async def test_get_unknown_id_is_none(store: Store) -> None:
+    assert await store.get("mem_00000000000000000000000000") is None
+
+
+async def test_delete_removes_the_records_and_counts_them(store: Store) -> None:
+    a, b, c = await store.upsert([mem("a"), mem("b"), mem("c")])
+
+    assert await store.delete([a.memory_id, c.memory_id, "mem_unknown"]) == 2
+    assert await store.get(a.memory_id) is None
+    assert await store.get(b.memory_id) == b
+    assert await store.delete([a.memory_id]) == 0
+    assert await store.delete([]) == 0
+
+
+# --- search ------------------------------------------------------------------------------
+
+
+async def test_search_answers_a_question_that_shares_only_some_words(store: Store) -> None:
+    await store.upsert([
+        mem("our database is PostgreSQL 15 on port 5433", "fact"),
+        mem("the frontend is written in TypeScript", "other"),
+    ])
+
+    hits = await store.search(SCOPE, "which port does the database listen on?", now=T0)
+
+    assert [h.memory.key for h in hits] == ["fact"]
+    assert hits[0].relevance > 0
+
+
+async def test_search_ranks_the_better_match_first(store: Store) -> None:
+    await store.upsert([
+        mem("deploy notes: the staging cluster runs in Frankfurt", "one-word"),
+        mem("staging deploy uses the blue green deploy script for the staging cluster", "many"),
+        mem("nothing relevant here at all", "none"),
+    ])
+
+    hits = await store.search(SCOPE, "staging deploy script", now=T0)
+
+    assert [h.memory.key for h in hits] == ["many", "one-word"]
+    assert hits[0].relevance > hits[1].relevance > 0
+
+
+async def test_search_never_crosses_scopes(store: Store) -> None:
+    scopes = [
+        SCOPE,
+        replace(SCOPE, service_id="svc-2"),
+        replace(SCOPE, team_id="team-b"),
+        replace(SCOPE, agent_id="agent-2"),
+        replace(SCOPE, user="u_2"),
+    ]
+    await store.upsert([mem(f"secret plan {n}", "plan", scope=s) for n, s in enumerate(scopes)])
+
+    for n, scope in enumerate(scopes):
+        hits = await store.search(scope, "secret plan", now=T0)
+        assert [h.memory.text for h in hits] == [f"secret plan {n}"]
+        assert hits[0].memory.scope == scope
+
+
+async def test_search_keeps_to_the_asked_types_and_limit(store: Store) -> None:
+    await store.upsert([
+        mem("kafka topic orders", "w", type="working"),
+        mem("kafka topic orders", "e", type="episodic"),
+        mem("kafka topic orders", "s", type="semantic"),
+    ])
+
+    hits = await store.search(SCOPE, "kafka orders", types=["semantic", "working"], now=T0)
+    assert sorted(h.memory.type for h in hits) == ["semantic", "working"]
+    assert len(await store.search(SCOPE, "kafka orders", limit=1, now=T0)) == 1
+
+
+async def test_search_and_list_skip_expired_records(store: Store) -> None:
+    await store.upsert([
+        mem("redis cache warmup", "live", type="working", expires_at=T0 + 100),
+        mem("redis cache eviction", "dead", type="working", expires_at=T0 - 1),
+        mem("redis cache forever", "forever", type="semantic"),
+    ])
+
+    hits = await store.search(SCOPE, "redis cache", now=T0)
+    assert sorted(h.memory.key for h in hits) == ["forever", "live"]
+    assert sorted(m.key for m in await store.list(SCOPE, now=T0)) == ["forever", "live"]
+    later = await store.search(SCOPE, "redis cache", now=T0 + 200)
+    assert [h.memory.key for h in later] == ["forever"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["", "   ", "?!", '"unbalanced', "a AND OR NOT b", "x* -y NEAR(z) col:w", "'; DROP x; --",
+     "back\\slash 'quote' it's"],
+)
+async def test_search_with_odd_queries_never_fails(store: Store, query: str) -> None:
+    await store.upsert([mem("plain words about x and y and b", "k")])
+
+    hits = await store.search(SCOPE, query, now=T0)
+
+    assert all(h.memory.key == "k" for h in hits)
+    assert len(await store.list(SCOPE, now=T0)) == 1
+
+
+# --- list --------------------------------------------------------------------------------
+
+
+async def test_list_is_newest_first_and_filters(store: Store) -> None:
+    other = replace(SCOPE, team_id="team-b")
+    await store.upsert([
+        mem("one", "1", at=T0, session_id="s1"),
+        mem("two", "2", at=T0 + 10, session_id="s2"),
+        mem("three", "3", at=T0 + 20, session_id="s1", type="semantic"),
+        mem("four", "4", at=T0 + 30, scope=other, session_id="s1"),
+    ])
+
+    assert [m.text for m in await store.list(SCOPE, now=T0)] == ["three", "two", "one"]
+    assert [m.text for m in await store.list(None, now=T0)] == ["four", "three", "two", "one"]
+    assert [m.text for m in await store.list(SCOPE, types=["episodic"], now=T0)] == ["two", "one"]
+    assert [m.text for m in await store.list(SCOPE, session_id="s1", now=T0)] == ["three", "one"]
+    assert [m.text for m in await store.list(SCOPE, since=T0 + 5, now=T0)] == ["three", "two"]
+    assert [m.text for m in await store.list(None, limit=2, now=T0)] == ["four", "three"]
+
+
+# --- text ----------------------------------------------------------------------------------
+
+
+async def test_unicode_text_round_trips_and_is_searchable(store: Store) -> None:
+    text = "Ünïcödé: the café in Zürich serves crêpes 🍰; 数据库 is database; שלום; naïve"
+    record = mem(text, "ключ-🔑")
+    await store.upsert([record])
+
+    assert await store.get(record.memory_id) == record
+    hits = await store.search(SCOPE, "Zürich crêpes", now=T0)
+    assert [h.memory.text for h in hits] == [text]
+
+
+async def test_huge_text_round_trips_and_stays_searchable(store: Store) -> None:
+    rng = random.Random(7)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=9)) for _ in range(200_000)]
+    text = "kubernetes ingress misconfigured " + " ".join(words)  # about 2 MB
+    record = mem(text, "huge")
+    await store.upsert([record, mem("small note about ingress", "small")])
+
+    got = await store.get(record.memory_id)
+    assert got is not None and got.text == text
+    hits = await store.search(SCOPE, "kubernetes ingress", now=T0)
+    assert sorted(h.memory.key for h in hits) == ["huge", "small"]
+
+
+# --- failure -----------------------------------------------------------------------------
+
+
+async def test_store_that_cannot_open_raises_store_error(backend: Backend) -> None:
+    broken = backend.broken()
+    with pytest.raises(StoreError):
+        await broken.open()
+    await broken.close()
+
+
+async def test_closed_store_raises_store_error(backend: Backend) -> None:
+    closed = backend.make()
+    await closed.open()
+    await closed.close()
+
+    with pytest.raises(StoreError):
+        await closed.upsert([mem("late", "late")])
+    with pytest.raises(StoreError):
+        await closed.search(SCOPE, "late")
+    with pytest.raises(StoreError):
+        await closed.list(SCOPE)

@@ -1,0 +1,256 @@
+"""The cache-friendly invariants of the window, masking and the pricing fake, seen from outside."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bench.economics import STRATEGIES, Strategy, build_session, load_shapes, run_one
+from bench.pricing import MIN_CACHED_TOKENS, PricingUpstream, PromptCache
+from injectors.masking import mask_output, mask_text
+from knowledge.store import FILENAME, Catalogue
+from knowledge.wiki import Page
+from proxy.window import is_turn_start, message_text, turns_to_drop
+from tests.conftest import ProxyFactory
+from tests.fakes import codex
+from tests.fakes.server import serve
+from tests.fakes.upstream import FakeUpstream
+
+Item = dict[str, Any]
+BIG_OUTPUT = "".join(f"line {i}: some tool output that goes on\n" for i in range(200))
+
+
+def codex_requests(turns: int) -> list[list[Item]]:
+    """What Codex sends over ``turns`` tool turns: two requests per turn, append-only."""
+    history = codex.context_items()
+    requests = []
+    for n in range(1, turns + 1):
+        turn = codex.tool_turn(f"turn {n}: please do step {n}", output=BIG_OUTPUT, n_calls=2)
+        requests.append([*history, turn[0]])  # the prompt
+        requests.append([*history, *turn[:6]])  # the tool outputs are back
+        history += turn
+    return requests
+
+
+async def forward_all(proxy_url: str, requests: list[list[Item]]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for n, items in enumerate(requests):
+            async with http.post(proxy_url + "/v1/responses", json=codex.request(items),
+                                 headers=codex.headers(turn_id=f"t{n // 2}")) as resp:
+                assert resp.status == 200
+                await resp.read()
+
+
+def turns_of(items: list[Item]) -> int:
+    return sum(1 for i in items if is_turn_start(i))
+
+
+def extends(before: list[Item], after: list[Item]) -> bool:
+    return len(after) > len(before) and after[: len(before)] == before
+
+
+@pytest.mark.parametrize("mask", [False, True])
+async def test_between_cuts_each_forwarded_request_extends_the_previous(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, mask: bool
+) -> None:
+    keep, slack = 3, 2
+    proxy = await start_proxy(keep_turns=keep, trim_slack=slack, mask_tool_outputs=mask,
+                              memory_enabled=False)
+    requests = codex_requests(12)
+    await forward_all(proxy.url, requests)
+
+    sent = [r.json["input"] for r in upstream.received]
+    cuts = 0
+    for (orig_a, orig_b), (a, b) in zip(
+        itertools.pairwise(requests), itertools.pairwise(sent), strict=True
+    ):
+        moved = turns_to_drop(turns_of(orig_a), keep, slack) != turns_to_drop(
+            turns_of(orig_b), keep, slack)
+        assert extends(a, b) is not moved
+        cuts += moved
+    assert cuts == 3  # at 6, 9 and 12 turns: once every slack + 1 turns, not every turn
+
+
+async def test_masking_shortens_older_kept_outputs_but_never_the_newest_turn(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(keep_turns=3, trim_slack=2, mask_tool_outputs=True,
+                              mask_keep_chars=400, memory_enabled=False)
+    requests = codex_requests(11)
+    await forward_all(proxy.url, requests[-1:])
+
+    sent = upstream.last.json["input"]
+    prompts = [message_text(i) for i in sent if is_turn_start(i)]
+    assert prompts == [f"turn {n}: please do step {n}" for n in (7, 8, 9, 10, 11)]
+    outputs: dict[str, list[str]] = {}
+    prompt = ""
+    for item in sent:
+        if is_turn_start(item):
+            prompt = message_text(item)[:7].rstrip(":")
+        if item.get("type") == "function_call_output":
+            outputs.setdefault(prompt, []).append(item["output"])
+    # The last cut, at 9 turns, kept turns 7-9: 7 and 8 were the older ones then.
+    for turn in ("turn 7", "turn 8"):
+        for out in outputs[turn]:
+            assert len(out) < 600 and "ctxproxy removed" in out
+            assert out.startswith(BIG_OUTPUT[:200]) and out.endswith(BIG_OUTPUT[-200:])
+    for turn in ("turn 9", "turn 10", "turn 11"):
+        assert outputs[turn] == [BIG_OUTPUT, BIG_OUTPUT]
+    calls = [i for i in sent if i.get("type") == "function_call"]
+    assert len(calls) == 10  # every call stays, with its output
+
+
+async def test_token_budget_cuts_rarely_and_appends_between_cuts(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    budget = 30_000
+    proxy = await start_proxy(keep_turns=2, trim_at_tokens=budget, memory_enabled=False)
+    requests = codex_requests(14)
+    await forward_all(proxy.url, requests)
+
+    sent = [r.json["input"] for r in upstream.received]
+    cuts = 0
+    for a, b in itertools.pairwise(sent):
+        if not extends(a, b):
+            cuts += 1
+            assert turns_of(b) <= turns_of(a)  # the only other move is a cut
+    assert 1 <= cuts <= 3  # a turn count would have cut on each of the 12 turns past 2
+    sizes = [len(json.dumps(r.json["input"], separators=(",", ":"))) // 4
+             for r in upstream.received]
+    turn_tokens = len(json.dumps(requests[1])) // 4 - len(json.dumps(requests[0])) // 4
+    assert max(sizes) < budget + turn_tokens  # over the budget by less than one turn
+    assert len(json.dumps(requests[-1])) // 4 > 1.5 * budget
+
+
+async def test_knowledge_block_is_the_same_bytes_across_a_session_and_its_cuts(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    catalogue = Catalogue.open(tmp_path / "data" / FILENAME)
+    catalogue.sync_wiki("default", "team-1", "Design docs", "How the backend is built", "/docs",
+                        [Page("auth", "Authentication", "Tokens rotate every hour.")])
+    catalogue.close()
+    proxy = await start_proxy(team_id="team-1", keep_turns=3, trim_slack=2,
+                              mask_tool_outputs=True, memory_enabled=False)
+    requests = codex_requests(10)
+    await forward_all(proxy.url, requests)
+
+    instructions = {r.json.get("instructions") for r in upstream.received}
+    assert len(instructions) == 1
+    block = instructions.pop()
+    assert isinstance(block, str) and block.startswith("<knowledge_tools>")
+    sent = [r.json["input"] for r in upstream.received]
+    cuts = sum(not extends(a, b) for a, b in itertools.pairwise(sent))
+    assert cuts == 2  # at 6 and 9 turns; the block stayed put through both
+
+
+async def test_slow_blocks_change_only_when_the_window_cuts(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    catalogue = Catalogue.open(tmp_path / "data" / FILENAME)
+    catalogue.sync_wiki("default", "team-1", "Design docs", None, "/docs",
+                        [Page("auth", "Authentication", "Tokens rotate every hour.")])
+    catalogue.close()
+    proxy = await start_proxy(team_id="team-1", keep_turns=3, trim_slack=2,
+                              mask_tool_outputs=True, memory_enabled=True,
+                              distill_interval_s=3600)
+    await forward_all(proxy.url, codex_requests(10))
+
+    sent = [(r.json.get("instructions"), r.json["input"]) for r in upstream.received]
+    knowledge = sent[0][0].split("</knowledge_tools>")[0]
+    assert knowledge.startswith("<knowledge_tools>")
+    changes = 0
+    for (instr_a, input_a), (instr_b, input_b) in itertools.pairwise(sent):
+        assert instr_b.startswith(knowledge)
+        if instr_a != instr_b:
+            changes += 1
+            assert not extends(input_a, input_b)  # a slow block moved only with a cut
+    assert any("<working_memory" in instr for instr, _ in sent)  # the blocks were there
+    assert 1 <= changes <= 2  # two cuts, at 6 and 9 turns
+
+
+def test_masking_is_deterministic_and_leaves_short_outputs_alone() -> None:
+    item = {"type": "function_call_output", "call_id": "c1", "output": BIG_OUTPUT}
+    once, twice = mask_output(item, 300), mask_output(dict(item), 300)
+    assert once == twice and once is not item and item["output"] == BIG_OUTPUT
+    assert mask_text("short output\n", 300) == "short output\n"
+    call = {"type": "function_call", "call_id": "c1", "arguments": BIG_OUTPUT}
+    assert mask_output(call, 300) is call
+
+
+# --- the pricing fake ------------------------------------------------------------------------
+
+
+def test_cache_counts_from_1024_tokens_in_128_token_steps() -> None:
+    cache = PromptCache(ttl_s=600)
+    first = list(range(5000))
+    assert cache.read_and_store("k", first, now=0) == 0
+    # Shares 1000 tokens: under the 1024 minimum, nothing is cached.
+    assert cache.read_and_store("k", first[:1000] + [-1] * 4000, now=1) == 0
+    # Shares 3000 tokens: counted down to a multiple of 128.
+    assert cache.read_and_store("k", first[:3000] + [-2] * 2000, now=2) == 2944
+    assert cache.read_and_store("other", first, now=3) == 0  # keys never share
+    assert MIN_CACHED_TOKENS == 1024
+
+
+def test_cache_forgets_after_the_idle_ttl_and_use_refreshes_it() -> None:
+    cache = PromptCache(ttl_s=300)
+    prompt = list(range(2048))
+    cache.read_and_store("k", prompt, now=0)
+    assert cache.read_and_store("k", prompt, now=250) == 2048
+    assert cache.read_and_store("k", prompt, now=500) == 2048  # refreshed at 250
+    assert cache.read_and_store("k", prompt, now=801) == 0  # 301 s idle
+
+
+async def test_access_log_has_upstream_usage_and_the_forwarded_ratio(
+    start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    pricing = PricingUpstream()
+    running = await serve(pricing.app())
+    try:
+        proxy = await start_proxy(upstream_url=running.url + "/v1", keep_turns=3)
+        caplog.set_level(logging.INFO, logger="ctxproxy.access")
+        requests = codex_requests(5)
+        await forward_all(proxy.url, [requests[-2], requests[-1]])
+    finally:
+        await running.close()
+
+    lines = [r.fields for r in caplog.records if r.name == "ctxproxy.access"]  # type: ignore[attr-defined]
+    assert [(f["input_tokens"], f["cached_tokens"]) for f in lines] == [
+        (b.input_tokens, b.cached_tokens) for b in pricing.bills
+    ]
+    assert lines[1]["cached_tokens"] > 0  # the second request reads the first one's prefix
+    for f in lines:
+        assert f["forwarded_ratio"] == round(f["bytes_forwarded"] / f["bytes_in"], 4)
+        assert f["forwarded_ratio"] < 0.8  # five turns cut to three
+
+
+# --- the replay ------------------------------------------------------------------------------
+
+
+def test_sessions_are_reproducible_and_plant_facts_before_asking() -> None:
+    a, b = build_session(20), build_session(20)
+    assert a == b
+    assert len(a.turns) == 20 and len(a.facts) >= 2
+    for fact in a.facts:
+        assert fact.planted < fact.asked
+        assert fact.value not in a.turns[fact.asked - 1].prompt
+    sizes = [len(out) for t in a.turns for out in t.outputs.values()]
+    assert min(sizes) >= 1000 and max(sizes) <= 8500
+
+
+async def test_replay_bills_every_request_and_direct_recalls_every_fact(tmp_path: Path) -> None:
+    session, shapes = build_session(10), load_shapes()
+    direct = await run_one(STRATEGIES["direct"], session, shapes, 600, tmp_path / "d")
+    cut = await run_one(Strategy("cut", {"memory_enabled": False, "keep_turns": 2}, ""),
+                        session, shapes, 600, tmp_path / "w")
+    assert direct.recall == 1.0
+    assert len(direct.bills) == len(cut.bills) == sum(len(t.responses) for t in session.turns)
+    assert sum(b.input_tokens for b in cut.bills) < sum(b.input_tokens for b in direct.bills)
+    assert sum(b.cached_tokens for b in direct.bills) / sum(
+        b.input_tokens for b in direct.bills) > 0.8
