@@ -2,14 +2,15 @@
 
     make bench                      # = python -m bench.overhead; writes bench/RESULTS.md
     python -m bench.overhead --quick --no-write
-    python -m bench.overhead --profile /tmp/proxy.prof   # cProfile of the proxy's hot path
+    python -m bench.overhead --profile /tmp/proxy.prof [--concurrency 32]   # cProfile the proxy
 
 The fake upstream (bench/_upstream.py) and ctxproxy (``python -m proxy serve``) run as their own
 processes on loopback; this process is the client. The same ~150 KB, 30-turn Codex request goes
-straight to the upstream and through two proxies: one with the default window (it cuts 25 of the
-30 turns, so the body is parsed, cut and re-serialised) and one whose window keeps everything
-(parsed, then the client's original bytes are forwarded). Each figure is the median over
-repeated rounds, because the machine is shared.
+straight to the upstream and through three proxies: ctxproxy with the default window (it cuts 25
+of the 30 turns, so the body is parsed, cut and re-serialised), ctxproxy with a window that keeps
+everything (parsed, then the client's original bytes are forwarded), and, for reference, a bare
+aiohttp relay (bench/_naive.py). CPU times are read from /proc for each server process. Each
+figure is the median over repeated rounds, because the machine is shared.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from typing import IO
 
 import aiohttp
 
-from bench import _session
+from bench import _components, _session
 from bench._upstream import answer_events
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## Proxy overhead"
 BEGIN, END = "<!-- overhead:begin (written by bench/overhead.py) -->", "<!-- overhead:end -->"
@@ -84,7 +86,9 @@ class Proc:
 
 
 def _server_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment without the caller's CTXPROXY_* settings; bench/ importable from anywhere."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 
@@ -448,16 +452,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     started = time.monotonic()
     about = machine()
+    # Timed before and after the run, keeping each row's best: the machine is shared.
+    parts_before = _components.measure()
     body_kb = len(_session.encode(_session.request(TURNS))) / 1024
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp, \
             servers(Path(tmp)) as procs:
         res = asyncio.run(measure(procs, sizes))
         names = [p.name for p in procs[1:]]
     table = report(res, names, body_kb)
+    parts = _components.table(parts_before, _components.measure())
     today = datetime.date.today().isoformat()
     command = "`make bench`" if not args.quick else "`.venv/bin/python -m bench.overhead --quick`"
     text = (f"Measured {today} with {command} on {about} Run time "
-            f"{time.monotonic() - started:.0f} s.\n\n{table}")
+            f"{time.monotonic() - started:.0f} s.\n\n{table}\n\n"
+            "The proxy's own work on the same request, timed in process (best of 7 runs, so "
+            "with warm caches; inside the running proxy it costs about twice this; "
+            f"`python -m bench._components`):\n\n{parts}")
     print(text)
     if not args.no_write:
         write_results(text)
