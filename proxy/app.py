@@ -288,6 +288,7 @@ async def relay(
             return response
         await response.write_eof()
         completed = True
+        app[METRICS].upstream.observe(time.perf_counter() - start)
         return response
     finally:
         if tap is not None:

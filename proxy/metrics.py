@@ -18,6 +18,10 @@ class Metrics:
             "ctxproxy_upstream_ttfb_seconds", "Upstream time to first byte.",
             buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.upstream = Histogram(
+            "ctxproxy_upstream_seconds", "Upstream time from sending to the end of its answer.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.duration = Histogram(
             "ctxproxy_request_seconds", "Whole request time.", buckets=LATENCY_BUCKETS, registry=r
         )
