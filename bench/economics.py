@@ -1,7 +1,8 @@
 """Context economics: replay long Codex sessions directly and through ctxproxy, and price them.
 
     python -m bench.economics                          # every strategy, 10/20/40/80 turns
-    python -m bench.economics --turns 40 --strategies direct,slack4
+    python -m bench.economics --turns 40 --strategies direct,defaults
+    python -m bench.economics --turns 40 --strategy s6:trim_slack=6,recall_min_score=0.4
 
 Sessions are built from the real Codex shapes in ../shared/fixtures/codex (system prompt,
 developer and context messages, tools array, headers, turn metadata): tool loops with 1-8 KB
@@ -22,8 +23,8 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,6 @@ from bench.pricing import BLOCK_TOKENS, Bill, PricingUpstream, PromptTokenizer, 
 from config import load_settings
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
-from memory.model import Memory, Scope, Store
-from memory.recall import Recaller
 from proxy.assemble import build_app
 from proxy.sse import parse_events
 from proxy.window import message_text, turn_starts
@@ -312,6 +311,7 @@ class ScriptedModel:
         self.turns = {t.prompt: t for t in session.turns}
         self.recalled: dict[int, bool] = {}
         self.turn_of: list[int] = []  # the user turn of each request, in order
+        self.blocks: dict[int, int] = {}  # user turn -> tokens of its recall message
 
     def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
         items = body.get("input") or []
@@ -324,6 +324,9 @@ class ScriptedModel:
         self.turn_of.append(turn.index)
         if done == 0 and turn.ask is not None:
             self.recalled[turn.index] = turn.ask.value.encode() in raw
+        before = items[starts[-1] - 1]
+        if done == 0 and before.get("role") == "developer" and "_memory" in message_text(before):
+            self.blocks[turn.index] = TOKENIZER.count(message_text(before))
         return turn.responses[min(done, len(turn.responses) - 1)]
 
 
@@ -389,33 +392,33 @@ class Strategy:
     name: str
     settings: dict[str, Any] | None  # None: Codex straight to the provider, no proxy
     note: str
-    gate: float | None = None  # see recall_gate
 
 
+# Distillation runs every 5 s of real time; a replayed session lasts a few seconds of real time
+# for hours of simulated time, so every run with memory runs it as often as a real session
+# would see it run. It is the one setting the bench changes for the "defaults" row.
+SIMULATED_TIME = {"distill_interval_s": 0.05}
 NO_MEMORY = {"memory_enabled": False}
-# Distillation runs every 5 s of real time; a replayed session lasts about a second, so the
-# bench runs it as often as a real session would see it run.
-MEMORY = {"memory_enabled": True, "distill_interval_s": 0.05}
-PROPOSED = {"keep_turns": 4, "trim_slack": 6, "mask_tool_outputs": True}
 STRATEGIES = {s.name: s for s in (
     Strategy("direct", None, "Codex straight to the provider"),
-    Strategy("window", {**NO_MEMORY, "keep_turns": 5}, "cut to 5 turns on every turn"),
-    Strategy("slack4", {**NO_MEMORY, "keep_turns": 5, "trim_slack": 4},
-             "5 turns, cut in steps of 5"),
-    Strategy("k4s6", {**NO_MEMORY, "keep_turns": 4, "trim_slack": 6},
-             "4 turns, cut in steps of 7 (first cut at 11 turns)"),
-    Strategy("k4s6-mask", {**NO_MEMORY, **PROPOSED}, "k4s6 + observation masking"),
-    Strategy("budget-35k", {**NO_MEMORY, "keep_turns": 4, "trim_at_tokens": 35_000,
-                            "mask_tool_outputs": True},
-             "cut back to 4 turns when the input passes ~35k tokens, masking"),
-    Strategy("mem-split", {**MEMORY, **PROPOSED},
-             "k4s6-mask + memory: slow blocks in instructions, recall before the newest turn"),
-    Strategy("mem-instr", {**MEMORY, **PROPOSED, "memory_placement": "instructions"},
-             "k4s6-mask + memory, every block in instructions"),
-    Strategy("mem-gated", {**MEMORY, **PROPOSED}, "mem-split, recall only when a hit matches "
-             "40% of the question's words (bench prototype)", gate=0.4),
-    Strategy("mem-knowledge", {**MEMORY, **PROPOSED, "team_id": "bench-team"},
-             "mem-split + a knowledge block of two wikis"),
+    Strategy("defaults", dict(SIMULATED_TIME), "ctxproxy as installed: load_settings(env={})"),
+    Strategy("window", {**NO_MEMORY, "trim_slack": 0, "mask_tool_outputs": False},
+             "no memory, cut to 5 turns on every turn"),
+    Strategy("slack4", {**NO_MEMORY, "trim_slack": 4, "mask_tool_outputs": False},
+             "no memory, 5 turns, cut in steps of 5"),
+    Strategy("slack5", {**NO_MEMORY, "mask_tool_outputs": False},
+             "no memory, 5 turns, cut in steps of 6 (first cut at 11 turns)"),
+    Strategy("slack5-mask", dict(NO_MEMORY), "the defaults without memory"),
+    Strategy("mem-ungated", {**SIMULATED_TIME, "recall_min_score": 0.0},
+             "the defaults, every turn recalls its best matches"),
+    Strategy("mem-gate30", {**SIMULATED_TIME, "recall_min_score": 0.3},
+             "the defaults with RECALL_MIN_SCORE=0.3"),
+    Strategy("mem-nomask", {**SIMULATED_TIME, "mask_tool_outputs": False},
+             "the defaults without masking"),
+    Strategy("mem-instr", {**SIMULATED_TIME, "memory_placement": "instructions"},
+             "the defaults with every memory block in instructions"),
+    Strategy("mem-knowledge", {**SIMULATED_TIME, "team_id": "bench-team"},
+             "the defaults + a knowledge block of two wikis"),
 )}
 
 
@@ -426,6 +429,7 @@ class Run:
     bills: list[Bill]
     turn_of: list[int]
     recalled: dict[int, bool]
+    blocks: dict[int, int]  # user turn -> tokens of the recall message put before it
     seconds: float
     front_tokens: int  # tools + context messages: what a warm cache always covers
 
@@ -469,37 +473,6 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-@contextmanager
-def recall_gate(threshold: float | None) -> Iterator[None]:
-    """A prototype of relevance-gated recall, for this bench only: a turn gets no recall block
-    unless its best search hit outside the window matches at least ``threshold`` of the
-    question's words (the store's relevance, before recall normalises it to the top hit).
-    ctxproxy has no such setting yet; this measures what one would do.
-    """
-    if threshold is None:
-        yield
-        return
-    original = Recaller.recall
-
-    async def gated(self: Recaller, scope: Scope, session: str, query: str, *,
-                    window: Collection[str], exclude: Collection[str], budget: int,
-                    now: float) -> list[Memory]:
-        store: Store = self._store
-        hits = await store.search(scope, query, types=["episodic", "semantic"], now=now)
-        best = max((h.relevance for h in hits if h.memory.attrs.get("prompt") not in window
-                    and h.memory.memory_id not in exclude), default=0.0)
-        if best < threshold:
-            return []
-        return await original(self, scope, session, query, window=window, exclude=exclude,
-                              budget=budget, now=now)
-
-    setattr(Recaller, "recall", gated)  # noqa: B010 (a method, on purpose, for one run)
-    try:
-        yield
-    finally:
-        setattr(Recaller, "recall", original)  # noqa: B010
-
-
 def seed_knowledge(data_dir: Path, team_id: str) -> None:
     """Two team wikis in the embedded core's catalogue, so that the knowledge block is real."""
     catalogue = Catalogue.open(data_dir / FILENAME)
@@ -528,15 +501,14 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
                                      log_level="WARNING", **strategy.settings)
             async with serving(build_app(settings)) as proxy_url:
-                with recall_gate(strategy.gate):
-                    seen = await replay(http, proxy_url + "/v1", session, shapes, clock)
+                seen = await replay(http, proxy_url + "/v1", session, shapes, clock)
     billed = [{"input": b.input_tokens, "cached": b.cached_tokens}
               for b, turn in zip(upstream.bills, model.turn_of, strict=True) if turn]
     if seen != billed:  # the client must see exactly what it was billed for
         raise RuntimeError(f"{strategy.name}: usage seen by the client differs from the bill")
     # The static front of every request: the tools and Codex's context messages.
     front = len(TOKENIZER.prompt({"tools": shapes.body.get("tools"), "input": shapes.context}))
-    return Run(strategy, session, upstream.bills, model.turn_of, model.recalled,
+    return Run(strategy, session, upstream.bills, model.turn_of, model.recalled, model.blocks,
                time.perf_counter() - started, front)
 
 
@@ -550,8 +522,8 @@ def table(runs: Sequence[Run]) -> str:
         groups.setdefault((len(run.session.turns), run.strategy.name), []).append(run)
     direct = {n: g for (n, name), g in groups.items() if g[0].strategy.settings is None}
     rows = ["| turns | strategy | requests | input tokens | cached | cost @10% | cost @25% "
-            "| largest request | front re-reads | fact recall | from user / tool |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| largest request | front re-reads | recall blocks | fact recall | from user / tool |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (turns, name), group in groups.items():
         bills = [b for run in group for b in run.bills]
         total = sum(b.input_tokens for b in bills)
@@ -568,10 +540,12 @@ def table(runs: Sequence[Run]) -> str:
             f"/{sum(1 for r in group for f in r.session.facts if f.source == src)}"
             for src in ("user", "tool")
         )
+        blocks = [n for r in group for n in r.blocks.values()]
         rows.append(
             f"| {turns} | {name} | {len(bills)} | {total:,} | {cached / total:.0%} | {rel[0]} "
             f"| {rel[1]} | {max(b.input_tokens for b in bills):,} "
             f"| {sum(r.front_misses for r in group)} "
+            f"| {len(blocks)}/{turns * len(group)}, {sum(blocks) // max(len(blocks), 1)} tok "
             f"| {hits}/{asks} ({hits / max(asks, 1):.0%}) | {by_source} |"
         )
     return "\n".join(rows)
@@ -590,9 +564,12 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     for ax, n in zip(axes.flat, lengths, strict=False):
         for run in (r for r in runs if len(r.session.turns) == n):
-            direct = run.strategy.settings is None
+            direct, defaults = run.strategy.settings is None, run.strategy.name == "defaults"
+            style: dict[str, Any] = (
+                {"color": "dimgray", "ls": "--", "lw": 2.2} if direct
+                else {"color": "black", "lw": 2.6} if defaults else {"lw": 1.2, "alpha": 0.8})
             ax.plot(range(1, n + 1), [c / 1e3 for c in run.cumulative(0.1)],
-                    "k--" if direct else "-", label=run.strategy.name, lw=2 if direct else 1.3)
+                    label=run.strategy.name, **style)
         ax.set_title(f"{n} user turns")
         ax.set_xlabel("user turn")
         ax.set_ylabel("cumulative input cost, k tokens\n(cached tokens at 10%)")
@@ -607,19 +584,17 @@ def plot(runs: Sequence[Run], path: Path) -> None:
 
 
 def parse_strategy(spec: str) -> Strategy:
-    """``name:key=value,key=value`` (settings names, JSON values) -> a proxy strategy."""
+    """``name:key=value,key=value`` (settings names, JSON values) -> a proxy strategy: the
+    defaults with these settings changed."""
     name, _, rest = spec.partition(":")
-    settings: dict[str, Any] = dict(NO_MEMORY)
-    gate = None
+    settings: dict[str, Any] = dict(SIMULATED_TIME)
     for pair in filter(None, rest.split(",")):
         key, _, raw = pair.partition("=")
         try:
             settings[key] = orjson.loads(raw)
         except orjson.JSONDecodeError:
             settings[key] = raw
-    if "gate" in settings:  # not a setting: the bench's recall gate prototype
-        gate = float(settings.pop("gate"))
-    return Strategy(name, settings, rest, gate)
+    return Strategy(name, settings, rest)
 
 
 async def main_async(args: argparse.Namespace) -> list[Run]:
@@ -647,8 +622,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated, of: {', '.join(STRATEGIES)}")
     parser.add_argument("--strategy", action="append", default=[], metavar="NAME:K=V,K=V",
-                        help="an extra proxy strategy from settings, e.g. "
-                        "k4:keep_turns=4,trim_slack=6,mask_tool_outputs=true (repeatable)")
+                        help="an extra proxy strategy: the defaults with these settings, e.g. "
+                        "s6:trim_slack=6,recall_min_score=0.4 (repeatable)")
     parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
     parser.add_argument("--seed", type=int, default=1, help="first session seed")
     parser.add_argument("--seeds", type=int, default=2, help="sessions per length")

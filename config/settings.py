@@ -62,10 +62,11 @@ class Settings(BaseSettings):
     # --- the history window --------------------------------------------------------------
     keep_turns: int = Field(5, ge=1, description="User turns kept in the forwarded history.")
     trim_slack: int = Field(
-        0,
+        5,
         ge=0,
         description="Let the history grow this many turns past KEEP_TURNS before cutting back "
-        "(fewer prefix changes, warmer provider cache); 0 cuts on every turn.",
+        "(fewer prefix changes, warmer provider cache); 0 cuts on every turn. With KEEP_TURNS "
+        "5 the first cut comes at turn 11 (bench/RESULTS.md, Context economics).",
     )
     trim_at_tokens: int = Field(
         0,
@@ -74,7 +75,7 @@ class Settings(BaseSettings):
         "tokens (estimated from bytes), instead of counting turns; 0: off (TRIM_SLACK decides).",
     )
     mask_tool_outputs: bool = Field(
-        False,
+        True,
         description="At each cut, shorten the tool outputs of the older kept turns to a head "
         "and tail (the calls stay; the newest turn is never masked).",
     )
@@ -115,11 +116,20 @@ class Settings(BaseSettings):
     )
     distill_interval_s: float = Field(5.0, gt=0, description="Distillation period.")
     recall_k: int = Field(5, ge=0, description="Memories recalled per turn at most.")
+    recall_min_score: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Share of the question's words that one line of a memory (with the "
+        "command that printed it) must hold for it to be recalled; a turn with no such "
+        "memory gets no recall block (0: recall the best matches whatever they share).",
+    )
     memory_tokens: int = Field(1200, ge=0, description="Token budget of the memory blocks.")
     memory_placement: Literal["split", "instructions"] = Field(
         "split",
-        description="split: slow blocks in instructions, per-turn recall before the newest "
-        "turn; instructions: everything in instructions.",
+        description="split: slow blocks in instructions, each turn's recall before its own "
+        "prompt (kept there while the turn is in the window); instructions: everything in "
+        "instructions.",
     )
     weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")

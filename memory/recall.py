@@ -10,7 +10,14 @@ score = relevance x type weight x time decay. Two selections per turn:
   the forwarded window or already standing.
 
 Each selection keeps at most ``k`` memories; the standing one gets at most half the token
-budget and the recalled one what is left.
+budget and the recalled one what is left. A recalled memory is shown as the snippet of its
+lines the question asks about (``memory_blocks.snippet``), and costs what the snippet costs.
+
+With ``min_score`` (``CTXPROXY_RECALL_MIN_SCORE``) a recalled memory needs one line that,
+with the command that printed it, holds at least that share of the question's words (a
+memory id the user names always passes): a turn whose question matches nothing well gets no
+recall block at all. One line, not the whole memory: a turn with pages of tool output holds
+a few of any question's words somewhere, which says nothing.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from config import Settings
+from injectors.memory_blocks import SNIPPET_TOKENS, lines_of, snippet
 from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
 
 __all__ = [
@@ -147,6 +155,7 @@ class Recaller:
         budget: int,
         cost: Callable[[Memory], int],
         overhead: Callable[[MemoryType], int],
+        snippet_tokens: int = SNIPPET_TOKENS,
     ) -> None:
         self._store = store
         self.weights = weights
@@ -154,6 +163,7 @@ class Recaller:
         self.budget = budget
         self._cost = cost
         self._overhead = overhead
+        self.snippet_tokens = snippet_tokens
 
     def choose(self, candidates: Iterable[Candidate], budget: int, now: float) -> list[Memory]:
         return select(
@@ -202,8 +212,13 @@ class Recaller:
         exclude: Collection[str],
         budget: int,
         now: float,
+        min_score: float = 0.0,
+        shown: Mapping[str, Collection[str]] | None = None,
     ) -> list[Memory]:
-        """This turn's recall, best first."""
+        """This turn's recall, best first, each memory shown as its snippet for ``query``;
+        [] when nothing matches ``min_score`` of the question's words. ``shown``: the lines of
+        memories the window still shows (earlier recall messages); a snippet showing nothing
+        more of its memory is left out."""
         if self.k <= 0 or budget <= 0:
             return []
         hits, recent = await asyncio.gather(
@@ -225,10 +240,28 @@ class Recaller:
         latest = sorted((m for m in recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
-        candidates = [
-            c for c in candidates
-            if c.memory.memory_id not in exclude
-            # Working memory belongs to its session.
-            and (c.memory.type != "working" or c.memory.session_id == session)
-        ]
-        return self.choose(candidates, budget, now)
+        views: dict[str, tuple[Memory, float]] = {}
+        seen = shown or {}
+        chosen: list[Candidate] = []
+        for c in candidates:
+            memory = c.memory
+            if memory.memory_id in exclude:
+                continue
+            if memory.type == "working" and memory.session_id != session:
+                continue  # working memory belongs to its session
+            if memory.memory_id not in views:
+                views[memory.memory_id] = self.view(memory, query)
+            view, match = views[memory.memory_id]
+            if c.relevance < MENTIONED and match < min_score:
+                continue
+            if lines_of(view.text) <= set(seen.get(memory.memory_id, ())):
+                continue  # an earlier recall message in the window shows this already
+            chosen.append(Candidate(view, c.relevance))
+        return self.choose(chosen, budget, now)
+
+    def view(self, memory: Memory, query: str) -> tuple[Memory, float]:
+        """``memory`` as a recall block shows it for ``query`` (its snippet; not stored), and
+        the share of the question's words its best line holds."""
+        cut = snippet(memory.text, query, self.snippet_tokens)
+        shown = memory if cut.text == memory.text else replace(memory, text=cut.text)
+        return shown, cut.match

@@ -4,6 +4,12 @@ Per user turn (the first request of it): split the history into turns, write wor
 (before forwarding), queue the episodes, recall. The result is cached for the turn, so every
 request of its tool loop gets the same bytes and costs a dictionary lookup. Any store failure
 leaves the request without memory blocks; it is counted, logged once, and never fails it.
+
+A turn's recall message stays where it was put (before the turn's prompt) for as long as the
+turn is in the forwarded window: later requests re-insert the same bytes, so the forwarded
+history only grows between window cuts and the provider's prompt cache keeps all of it. The
+messages are kept per turn (a key derived from the history: the prompt's digest and position)
+in a bounded LRU; a replica without them leaves them out, which is correct, just less cached.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import contextlib
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,12 +35,16 @@ from memory.working import Working
 from proxy.metrics import Metrics
 from proxy.pipeline import untouchable
 from proxy.request import Exchange, Identity, Item
-from proxy.window import is_turn_start, message_text
+from proxy.window import message_text, turn_starts
 
 __all__ = ["MemoryStep", "Prepared", "scope_of"]
 
 TURNS_CACHED = 4096
 STANDING_CACHED = 4096
+RECALLS_CACHED = 16384  # turns' recall messages (a few hundred bytes each)
+
+# (scope, session, the prompt's key, the turn's position in the history)
+TurnKey = tuple[Scope, str, str, int]
 
 
 def scope_of(settings: Settings, identity: Identity) -> Scope:
@@ -57,17 +66,33 @@ class Prepared:
     message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
 
 
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """A turn's recall message as it was first sent (None: the turn had none), and the lines
+    it shows of each memory in it."""
+
+    message: dict[str, Any] | None
+    lines: tuple[tuple[str, frozenset[str]], ...] = ()
+
+
 def _developer_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "developer",
             "content": [{"type": "input_text", "text": text}]}
 
 
-def _newest_turn(items: Sequence[Item]) -> int | None:
-    for i in range(len(items) - 1, -1, -1):
-        item = items[i]
-        if isinstance(item, dict) and is_turn_start(item):
-            return i
-    return None
+def _forwarded_turns(
+    ex: Exchange, scope: Scope, session: str
+) -> list[tuple[int, TurnKey]]:
+    """(position in the forwarded input, key) of each turn the request forwards."""
+    items = ex.items or []
+    starts = turn_starts(items)
+    # The window keeps the newest turns: the first forwarded one is the history's turn n.
+    total = ex.turns_in or len(turn_starts(ex.history))
+    first = total - len(starts)
+    return [
+        (at, (scope, session, turns_.prompt_key(session, items[at]), first + n))
+        for n, at in enumerate(starts)
+    ]
 
 
 class MemoryStep:
@@ -99,6 +124,7 @@ class MemoryStep:
         self._standing: OrderedDict[tuple[Scope, str], tuple[object, list[Memory]]] = (
             OrderedDict()
         )
+        self._shown: OrderedDict[TurnKey, Shown] = OrderedDict()
 
     async def __call__(self, ex: Exchange) -> None:
         if ex.items is None or not ex.history or untouchable(ex):
@@ -125,7 +151,7 @@ class MemoryStep:
         if prepared.degraded:
             ex.notes["memory_degraded"] = True
         ex.notes["memory_recalled"] = prepared.recalled
-        self._apply(ex, prepared)
+        self._apply(ex, prepared, scope, session)
 
     async def close(self) -> None:
         """Cancel turns still being prepared (shutdown)."""
@@ -142,11 +168,10 @@ class MemoryStep:
         if ex.identity.turn_id:
             return (scope, session, ex.identity.turn_id)
         # No turn id: the newest prompt, and how many came before it, name the turn.
-        items = ex.history
-        newest = _newest_turn(items)
-        text = message_text(items[newest]) if newest is not None else ""
+        starts = turn_starts(ex.history)
+        text = message_text(ex.history[starts[-1]]) if starts else ""
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        return (scope, session, ex.turns_in, digest)
+        return (scope, session, len(starts), digest)
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange) -> Prepared:
         start = time.perf_counter()
@@ -163,14 +188,31 @@ class MemoryStep:
             self._health.failed("working memory", exc)
         self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now))
         window = {t.prompt_key for t in turns if t.in_window}
+        forwarded = _forwarded_turns(ex, scope, session)
+        kept = [self._shown.get(key) for _, key in forwarded[:-1]]
+        # Memories the model still sees in the window: the turns it shows whole (a turn with
+        # masked outputs is not: recall may show the lines masking removed), and the recall
+        # messages kept in place.
+        seen_ids = {id(item) for item in ex.items or ()}
+        whole = {t.prompt_key for t in turns
+                 if t.in_window and all(id(item) in seen_ids for item in t.items)}
         try:
             standing = await self._standing_for(scope, session, window, now)
             used = self._recaller.cost(standing) if standing else 0
-            recalled = await self._recaller.recall(
-                scope, session, turns[-1].user, window=window,
-                exclude={m.memory_id for m in standing},
-                budget=self._recaller.budget - used, now=now,
-            )
+            newest = self._shown.get(forwarded[-1][1]) if forwarded else None
+            if newest is not None:  # this turn recalled already (a retry, another turn id)
+                recalled: list[Memory] = []
+            else:
+                seen: dict[str, set[str]] = {}
+                for shown in kept:
+                    for memory_id, lines in shown.lines if shown is not None else ():
+                        seen.setdefault(memory_id, set()).update(lines)
+                recalled = await self._recaller.recall(
+                    scope, session, turns[-1].user, window=whole,
+                    exclude={m.memory_id for m in standing}, shown=seen,
+                    budget=self._recaller.budget - used, now=now,
+                    min_score=self._settings.recall_min_score,
+                )
             self._health.ok("recall")
         except StoreError as exc:
             self._health.failed("recall", exc)
@@ -180,12 +222,25 @@ class MemoryStep:
         self._metrics.recall_hits.inc(len(standing) + len(recalled))
         standing_text = memory_blocks.render(standing)
         recall_text = memory_blocks.render(recalled)
+        message = _developer_message(recall_text) if recall_text else None
+        if forwarded and self._placement == "split":
+            if newest is None:  # the first to recall for this turn decides its bytes
+                newest = Shown(message, tuple(
+                    (m.memory_id, memory_blocks.lines_of(m.text)) for m in recalled))
+                self._remember(forwarded[-1][1], newest)
+            message = newest.message
         return Prepared(
             standing=standing_text,
             recall=recall_text,
             recalled=len(standing) + len(recalled),
-            message=_developer_message(recall_text) if recall_text else None,
+            message=message,
         )
+
+    def _remember(self, key: TurnKey, shown: Shown) -> None:
+        self._shown[key] = shown
+        self._shown.move_to_end(key)
+        while len(self._shown) > RECALLS_CACHED:
+            self._shown.popitem(last=False)
 
     async def _standing_for(
         self, scope: Scope, session: str, window: set[str], now: float
@@ -207,7 +262,7 @@ class MemoryStep:
 
     # --- every request ---------------------------------------------------------------------
 
-    def _apply(self, ex: Exchange, prepared: Prepared) -> None:
+    def _apply(self, ex: Exchange, prepared: Prepared, scope: Scope, session: str) -> None:
         if self._placement == "instructions":
             text = SEPARATOR.join(b for b in (prepared.standing, prepared.recall) if b)
             if text:
@@ -218,9 +273,28 @@ class MemoryStep:
             ex.body = append_block(ex.body, prepared.standing)
             ex.changed = True
         items = ex.items
-        if prepared.message is not None and items is not None:
-            newest = _newest_turn(items)
-            if newest is not None:
-                ex.body = {**ex.body, "input": [*items[:newest], prepared.message,
-                                                *items[newest:]]}
-                ex.changed = True
+        forwarded = _forwarded_turns(ex, scope, session)
+        if items is None or not forwarded or prepared.degraded:
+            return  # a failing store: no memory at all, not even the kept messages
+        # Each turn's recall message goes back where it was first put: the earlier turns'
+        # from the LRU, the newest turn's from this turn's preparation.
+        messages: dict[int, dict[str, Any]] = {}
+        for at, key in forwarded[:-1]:
+            shown = self._shown.get(key)
+            if shown is not None:
+                self._shown.move_to_end(key)
+                if shown.message is not None:
+                    messages[at] = shown.message
+        ex.notes["recall_kept"] = len(messages)
+        if prepared.message is not None:
+            messages[forwarded[-1][0]] = prepared.message
+        if not messages:
+            return
+        out: list[Item] = []
+        for at, item in enumerate(items):
+            message = messages.get(at)
+            if message is not None:
+                out.append(message)
+            out.append(item)
+        ex.body = {**ex.body, "input": out}
+        ex.changed = True

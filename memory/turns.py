@@ -17,7 +17,10 @@ import orjson
 
 from proxy.window import is_context, is_message, message_text, turn_starts
 
-__all__ = ["COMPACTION_MARKERS", "Turn", "compacted", "render", "session_key", "split"]
+__all__ = [
+    "COMPACTION_MARKERS", "INDENT", "Turn", "compacted", "prompt_key", "render", "session_key",
+    "split",
+]
 
 Item = dict[str, Any]
 
@@ -28,11 +31,16 @@ COMPACTION_MARKERS = (
 )
 
 # Bounds of one stored turn (characters): enough to recall what happened, never a whole log.
+# Tool outputs are kept nearly whole: a fact in the middle of a file listing is what the
+# window (and masking) lose first, and recall shows only the lines a question asks about.
 USER_CHARS = 2000
 ASSISTANT_CHARS = 2000
 ARGS_CHARS = 300
-OUTPUT_CHARS = 600
-TURN_CHARS = 6000
+OUTPUT_CHARS = 16_000
+TURN_CHARS = 64_000
+# Continuation lines of a rendered entry start with this, so that every line that does not is
+# an entry's head ("User:", "Tool call NAME:", ...): a snippet can find a line's call.
+INDENT = "  "
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,12 @@ def _fingerprint(item: Item) -> object:
     return orjson.dumps(item, option=orjson.OPT_SORT_KEYS).decode()
 
 
+def prompt_key(session: str, prompt: Item) -> str:
+    """The key of the turn a user message starts: from the session and the prompt alone, so
+    any request whose history holds the turn derives the same key."""
+    return "prompt:" + _digest(session, message_text(prompt), prompt.get("id"))
+
+
 def session_key(session_id: str | None, history: Sequence[Item]) -> str | None:
     """The session id, or for a client without one, a stand-in derived from its first prompt."""
     if session_id:
@@ -85,15 +99,13 @@ def split(session: str, history: Sequence[Item], cut: Sequence[Item] = ()) -> li
         items = tuple(
             item for item in history[start:end] if isinstance(item, dict) and not is_context(item)
         )
-        user = message_text(prompt)
-        prompt_key = "prompt:" + _digest(session, user, prompt.get("id"))
         key = "turn:" + _digest(session, [_fingerprint(item) for item in items])
         turns.append(
             Turn(
                 index=n,
-                prompt_key=prompt_key,
+                prompt_key=prompt_key(session, prompt),
                 key=key,
-                user=user,
+                user=message_text(prompt),
                 items=items,
                 complete=n + 1 < len(starts) and len(items) > 1,
                 in_window=id(prompt) not in cut_ids,
@@ -127,27 +139,37 @@ def _output_text(item: Item) -> str:
     return ""
 
 
+def _entry(head: str, text: str) -> str:
+    """``head: text`` with the text's further lines indented (see INDENT)."""
+    return f"{head}: " + text.replace("\n", "\n" + INDENT)
+
+
 def render(turn: Turn) -> tuple[str, list[str]]:
-    """The turn as bounded text (prompt, answers, tool calls with arguments and outputs), and
-    the names of the tools it called."""
-    lines = [f"User: {_clip(turn.user.strip(), USER_CHARS)}"]
+    """The turn as bounded text (prompt, answers, each tool call with its arguments followed
+    by its output), and the names of the tools it called."""
+    entries = [_entry("User", _clip(turn.user.strip(), USER_CHARS))]
     tools: list[str] = []
-    names: dict[str, str] = {}
+    outputs = {
+        str(item["call_id"]): _output_text(item).strip()
+        for item in turn.items[1:]
+        if str(item.get("type", "")).endswith("_call_output") and "call_id" in item
+    }
     for item in turn.items[1:]:
-        kind = item.get("type", "message")
+        kind = str(item.get("type", "message"))
         if is_message(item) and item.get("role") == "assistant":
             text = message_text(item).strip()
             if text:
-                lines.append(f"Assistant: {_clip(text, ASSISTANT_CHARS)}")
+                entries.append(_entry("Assistant", _clip(text, ASSISTANT_CHARS)))
         elif kind.endswith("_call") and isinstance(item.get("name"), str):
             name = str(item["name"])
             args = item.get("arguments", item.get("input", ""))
             args = args if isinstance(args, str) else orjson.dumps(args).decode()
-            lines.append(f"Tool call {name}: {_clip(args.strip(), ARGS_CHARS)}")
+            entries.append(_entry(f"Tool call {name}", _clip(args.strip(), ARGS_CHARS)))
             tools.append(name)
-            if isinstance(item.get("call_id"), str):
-                names[item["call_id"]] = name
-        elif kind.endswith("_call_output"):
-            name = names.get(str(item.get("call_id")), "tool")
-            lines.append(f"Tool output {name}: {_clip(_output_text(item).strip(), OUTPUT_CHARS)}")
-    return _clip("\n".join(lines), TURN_CHARS), list(dict.fromkeys(tools))
+            # The output right after its call (Codex sends parallel calls first, then their
+            # outputs): a line of it and the command that printed it stay together.
+            output = outputs.pop(str(item.get("call_id")), None)
+            if output is not None:
+                entries.append(_entry(f"Tool output {name}", _clip(output, OUTPUT_CHARS)))
+    entries += [_entry("Tool output tool", _clip(out, OUTPUT_CHARS)) for out in outputs.values()]
+    return _clip("\n".join(entries), TURN_CHARS), list(dict.fromkeys(tools))

@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 
 from bench.economics import STRATEGIES, Strategy, build_session, load_shapes, run_one
-from bench.pricing import MIN_CACHED_TOKENS, PricingUpstream, PromptCache
+from bench.pricing import BLOCK_TOKENS, MIN_CACHED_TOKENS, PricingUpstream, PromptCache
+from config import load_settings
 from injectors.masking import mask_output, mask_text
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
@@ -213,7 +214,7 @@ async def test_access_log_has_upstream_usage_and_the_forwarded_ratio(
     pricing = PricingUpstream()
     running = await serve(pricing.app())
     try:
-        proxy = await start_proxy(upstream_url=running.url + "/v1", keep_turns=3)
+        proxy = await start_proxy(upstream_url=running.url + "/v1", keep_turns=3, trim_slack=0)
         caplog.set_level(logging.INFO, logger="ctxproxy.access")
         requests = codex_requests(5)
         await forward_all(proxy.url, [requests[-2], requests[-1]])
@@ -254,3 +255,35 @@ async def test_replay_bills_every_request_and_direct_recalls_every_fact(tmp_path
     assert sum(b.input_tokens for b in cut.bills) < sum(b.input_tokens for b in direct.bills)
     assert sum(b.cached_tokens for b in direct.bills) / sum(
         b.input_tokens for b in direct.bills) > 0.8
+
+
+# --- the defaults ----------------------------------------------------------------------------
+
+
+async def test_the_defaults_forward_a_ten_turn_session_byte_for_byte(tmp_path: Path) -> None:
+    session, shapes = build_session(10), load_shapes()
+    direct = await run_one(STRATEGIES["direct"], session, shapes, 600, tmp_path / "d")
+    defaults = await run_one(STRATEGIES["defaults"], session, shapes, 600, tmp_path / "p")
+    assert defaults.strategy.settings == {"distill_interval_s": 0.05}  # nothing else changed
+    assert [(b.input_tokens, b.cached_tokens) for b in defaults.bills] == [
+        (b.input_tokens, b.cached_tokens) for b in direct.bills
+    ]
+    assert defaults.recall == 1.0
+
+
+async def test_with_the_defaults_and_memory_each_request_between_cuts_extends_the_last(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(env={})
+    session = build_session(24, seed=3)
+    run = await run_one(STRATEGIES["defaults"], session, load_shapes(), 600, tmp_path)
+    cut_at = {n for n in range(2, 25) if turns_to_drop(n, settings.keep_turns, settings.trim_slack)
+              != turns_to_drop(n - 1, settings.keep_turns, settings.trim_slack)}
+    assert cut_at == {11, 17, 23}
+    assert run.blocks and run.recall == 1.0  # recall messages were there, and found the facts
+    for n in range(1, len(run.bills)):
+        before, after, turn = run.bills[n - 1], run.bills[n], run.turn_of[n]
+        if turn in cut_at and run.turn_of[n - 1] != turn:
+            continue  # the window moved: a new prefix starts here
+        # The provider's cache holds the whole previous request: it is a prefix of this one.
+        assert after.cached_tokens >= before.input_tokens // BLOCK_TOKENS * BLOCK_TOKENS, n

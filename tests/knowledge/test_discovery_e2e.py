@@ -86,7 +86,7 @@ async def test_a_bound_wiki_is_announced_and_its_curl_commands_work(
 ) -> None:
     ctxproxy(capsys, data_dir, "knowledge", "bind", "--agent", "coder", "--user-key",
              "uk-secret-1", wiki_id)
-    proxy = await start_proxy(keep_turns=3)
+    proxy = await start_proxy(keep_turns=3, trim_slack=0)
     await post(proxy.url, codex.request(codex.session(6), session_id="sess-42"),
                codex.headers(session_id="sess-42", **WHO))
 

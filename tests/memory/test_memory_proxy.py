@@ -37,7 +37,7 @@ DB_FACT = "Our database is PostgreSQL 15 on port 5433."
 async def test_fact_cut_from_the_window_is_recalled_when_asked_about(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(**backend.settings, keep_turns=5)
+    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
     s = Session(proxy, upstream)
     await s.say(f"{DB_FACT} Set up the migrations folder.")
     for n in range(2, 12):
@@ -57,7 +57,7 @@ async def test_fact_cut_from_the_window_is_recalled_when_asked_about(
 async def test_recalled_turn_goes_in_a_developer_message_before_the_newest_prompt(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(keep_turns=3)
+    proxy = await start_proxy(keep_turns=3, trim_slack=0)
     s = Session(proxy, upstream)
     await s.say("Set up the project skeleton.")
     await s.say(DB_FACT)
@@ -67,11 +67,16 @@ async def test_recalled_turn_goes_in_a_developer_message_before_the_newest_promp
 
     sent = await s.say("What port does the database use?")
 
+    # Earlier turns' recall messages stay before their own prompts (kept for the cache); this
+    # turn's comes last, right before the newest prompt.
     recalls = developer_memory(sent)
-    assert len(recalls) == 1
-    position, text = recalls[0]
+    assert recalls
+    for position, _ in recalls:
+        assert sent["input"][position + 1]["role"] == "user"
+    position, text = recalls[-1]
     assert sent["input"][position + 1]["content"][0]["text"] == "What port does the database use?"
     assert "<episodic_memory" in text and "PostgreSQL 15 on port 5433" in text
+    assert all("PostgreSQL" not in t for _, t in recalls[:-1])
     assert "PostgreSQL" not in (sent.get("instructions") or "")
 
 
@@ -138,7 +143,7 @@ async def test_agents_and_teams_never_see_each_others_memory(
 async def test_secrets_are_redacted_before_they_are_stored(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(**backend.settings, keep_turns=1)
+    proxy = await start_proxy(**backend.settings, keep_turns=1, trim_slack=0)
     secrets = [
         "sk-proj-Abcdefghijklmnopqrstuvwxyz0123456789",
         "s3cr3t-Passw0rd",
@@ -196,7 +201,7 @@ async def test_replays_and_retries_store_each_turn_once(
 async def test_episodes_know_whether_they_are_still_in_the_window(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(keep_turns=2)
+    proxy = await start_proxy(keep_turns=2, trim_slack=0)
     s = Session(proxy, upstream)
     for n in range(1, 6):
         await s.say(f"turn {n}: please do step {n}")
@@ -249,7 +254,7 @@ async def test_requests_between_cuts_share_their_prefix_up_to_the_recall_message
 async def test_every_request_of_a_turn_gets_the_same_memory_bytes(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(keep_turns=2)
+    proxy = await start_proxy(keep_turns=2, trim_slack=0)
     s = Session(proxy, upstream)
     await s.say(DB_FACT)
     for n in range(2, 5):
@@ -265,7 +270,7 @@ async def test_every_request_of_a_turn_gets_the_same_memory_bytes(
 async def test_store_failure_leaves_the_request_without_memory_but_forwards_it(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(keep_turns=2)
+    proxy = await start_proxy(keep_turns=2, trim_slack=0)
     s = Session(proxy, upstream)
     await s.say(DB_FACT)
     for n in range(2, 5):
@@ -368,7 +373,7 @@ async def test_a_store_that_could_not_open_is_retried_until_it_does(
 async def test_a_real_codex_session_is_remembered_and_recalled(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await start_proxy(keep_turns=2)
+    proxy = await start_proxy(keep_turns=2, trim_slack=0)
     folder = Path(SHARED_FIXTURES) / "03_resume_7turns"
     for path in sorted(folder.glob("*_POST_v1_responses.json")):
         recorded = json.loads(path.read_text())
@@ -383,7 +388,7 @@ async def test_a_real_codex_session_is_remembered_and_recalled(
     assert {m.session_id for m in episodes} == {"01a22974-4010-7fa0-a68c-b1ca4fc0dbf1"}
     in_window = [m.in_window for m in sorted(episodes, key=lambda m: m.turn_index or 0)]
     assert in_window == [False] * 5 + [True]
-    ((position, text),) = developer_memory(sent)
+    position, text = developer_memory(sent)[-1]
     newest = sent["input"][position + 1]["content"][0]["text"]
     assert newest == "turn 7: please continue (mode text)"
     assert "<episodic_memory" in text

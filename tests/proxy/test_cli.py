@@ -37,7 +37,7 @@ def test_an_invalid_setting_stops_start_up_naming_the_variable() -> None:
 async def test_access_log_has_one_line_per_request_without_secrets(
         upstream: FakeUpstream, start_proxy: ProxyFactory,
         caplog: pytest.LogCaptureFixture) -> None:
-    proxy = await start_proxy(upstream_api_key="sk-upstream-SECRET", keep_turns=2)
+    proxy = await start_proxy(upstream_api_key="sk-upstream-SECRET", keep_turns=2, trim_slack=0)
     headers = codex.headers(**{"x-tdai-user-key": "uk-SECRET"})
     with caplog.at_level(logging.INFO):
         async with aiohttp.ClientSession() as s, s.post(
@@ -61,7 +61,7 @@ async def test_access_log_has_one_line_per_request_without_secrets(
 
 async def test_metrics_count_requests_and_cut_turns(upstream: FakeUpstream,
                                                     start_proxy: ProxyFactory) -> None:
-    proxy = await start_proxy(keep_turns=2)
+    proxy = await start_proxy(keep_turns=2, trim_slack=0)
     async with aiohttp.ClientSession() as s:
         async with s.post(proxy.url + "/v1/responses", json=codex.request(codex.session(5)),
                           headers=codex.headers()) as r:

@@ -1,0 +1,265 @@
+"""Recall blocks that cost little and stay put: snippets of long turns, relevance-gated recall,
+and each turn's recall message kept in place for the provider's prompt cache."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from injectors import memory_blocks, tokens
+from injectors.memory_blocks import GAP, SNIPPET_TOKENS, snippet
+from memory.model import Memory, Scope
+from memory.recall import Recaller, Weights
+from memory.store_sqlite import SqliteStore
+from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
+from tests.conftest import ProxyFactory
+from tests.fakes import codex
+from tests.fakes.upstream import FakeUpstream
+from tests.memory.session import Session, developer_memory, post, runtime, user_texts
+
+Item = dict[str, Any]
+FACT = "- The staging database host is pg-stg-417.corp.internal."
+QUESTION = "What is the staging database host again?"
+NOTES_CMD = "cat docs/NOTES.md"
+
+
+def long_output(fact: str = FACT, lines: int = 200) -> str:
+    """A listing of about 9 KB with ``fact`` in its middle."""
+    out = [f"-rw-r--r-- 1 dev dev {n * 37} Nov 29 12:{n % 60:02d} cache_router_{n}.py"
+           for n in range(lines)]
+    out.insert(lines // 2, fact)
+    return "\n".join(out) + "\n"
+
+
+def notes_turn(prompt: str, output: str) -> list[Item]:
+    turn = codex.tool_turn(prompt, output=output)
+    for item in turn:
+        if item.get("type") == "function_call":
+            item["arguments"] = json.dumps({"cmd": NOTES_CMD})
+    return turn
+
+
+def rendered(turn: list[Item]) -> str:
+    items = [*codex.context_items(), *turn, codex.text("user", "next")]
+    return render(split("s", items)[0])[0]
+
+
+# --- rendering and snippets (pure) ---------------------------------------------------------
+
+
+def test_render_keeps_whole_outputs_each_right_after_its_call() -> None:
+    turn = codex.tool_turn("look around", output="first\nsecond line", n_calls=2)
+    calls = [i for i in turn if i.get("type") == "function_call"]
+    outputs = [i for i in turn if i.get("type") == "function_call_output"]
+    calls[1]["arguments"] = json.dumps({"cmd": "ls src"})
+    outputs[1]["output"] = "src/a.py\nsrc/b.py"
+    text = rendered(turn)
+    # Codex sends both calls, then both outputs; the record pairs each output with its call,
+    # continuation lines indented so that a line of output can be traced to its command.
+    assert text.split("\n")[1:7] == [
+        'Tool call exec_command: {"cmd": "ls"}',
+        "Tool output exec_command: first",
+        "  second line",
+        'Tool call exec_command: {"cmd": "ls src"}',
+        "Tool output exec_command: src/a.py",
+        "  src/b.py",
+    ]
+    assert long_output().strip() in rendered(notes_turn("read", long_output())).replace(
+        "\n  ", "\n")
+
+
+def test_render_bounds_each_output_and_the_whole_turn() -> None:
+    text = rendered(codex.tool_turn("dump it", output="Q" * 40_000))
+    assert 15_000 < text.count("Q") < OUTPUT_CHARS
+    text = rendered(codex.tool_turn("dump all", output="Q" * 40_000, n_calls=8))
+    assert len(text) <= TURN_CHARS and text.count("Q") > 4 * 15_000
+
+
+def test_snippet_picks_the_fact_line_and_its_command_out_of_a_long_output() -> None:
+    text = rendered(notes_turn("Read the notes before you start.", long_output()))
+    assert tokens.count(text) > 10 * SNIPPET_TOKENS
+
+    cut = snippet(text, f"{QUESTION} I need it for the deploy.")
+
+    lines = cut.text.split("\n")
+    assert lines[0] == "User: Read the notes before you start."
+    assert f'Tool call exec_command: {{"cmd": "{NOTES_CMD}"}}' in lines
+    assert "  " + FACT in lines
+    assert GAP in lines and not any("cache_router" in line for line in lines)
+    assert tokens.count(cut.text) <= SNIPPET_TOKENS
+    assert cut.match == pytest.approx(3 / 5)  # staging, database, host; not need, deploy
+
+
+def test_the_same_memory_and_question_give_the_same_snippet() -> None:
+    text = rendered(notes_turn("Read the notes.", long_output()))
+    assert snippet(text, QUESTION) == snippet(text, QUESTION)
+
+
+def test_a_short_memory_is_shown_whole() -> None:
+    text = "User: Our database is PostgreSQL 15 on port 5433.\nAssistant: Noted."
+    cut = snippet(text, "Which port is the database on?")
+    assert cut.text == text and cut.match == pytest.approx(2 / 2)
+
+
+def test_with_no_line_in_common_a_snippet_is_the_turns_first_lines() -> None:
+    text = rendered(notes_turn("Read the notes.", long_output()))
+    cut = snippet(text, "zebra quokka")
+    lines = cut.text.split("\n")
+    assert cut.match == 0
+    assert lines[:-1] == text.split("\n")[: len(lines) - 1] and lines[-1] == GAP
+
+
+def test_a_line_found_deep_in_a_long_line_is_cut_around_the_word() -> None:
+    text = rendered(notes_turn("Read it.", "x " * 3000 + "staging host is h-1 " + "y " * 3000))
+    cut = snippet(text, "staging host")
+    assert "staging host is h-1" in cut.text
+    assert tokens.count(cut.text) <= SNIPPET_TOKENS
+
+
+# --- the gate (Recaller against a store) ---------------------------------------------------
+
+SCOPE = Scope("svc")
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    opened = SqliteStore(tmp_path / "memory.sqlite3")
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+def episode(key: str, text: str) -> Memory:
+    return Memory(type="episodic", scope=SCOPE, key=key, text=text, session_id="old",
+                  turn_index=0, created_at=NOW, updated_at=NOW, attrs={"prompt": key})
+
+
+def recaller(store: SqliteStore) -> Recaller:
+    return Recaller(
+        store, weights=Weights(), k=5, budget=1200,
+        cost=lambda m: tokens.count(memory_blocks.item(m)) + 1,
+        overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)),
+    )
+
+
+async def recalled(store: SqliteStore, query: str, min_score: float) -> list[str]:
+    got = await recaller(store).recall(SCOPE, "now", query, window=(), exclude=(), budget=1200,
+                                       now=NOW, min_score=min_score)
+    return [m.key for m in got]
+
+
+async def test_the_gate_keeps_a_memory_whose_line_holds_enough_of_the_question(
+    store: SqliteStore,
+) -> None:
+    # Two of the question's four words on one line...
+    await store.upsert([episode("strong", rendered(notes_turn("Read.", long_output())))])
+    # ...against the same words scattered over lines that each hold one.
+    scattered = "\n".join(["User: tidy the staging area", 'Tool call exec_command: {"cmd": "ls"}',
+                           "Tool output exec_command: total 8"] + ["  pad"] * 50
+                          + ["  the database was slow"] + ["  pad"] * 50 + ["  host file"])
+    await store.upsert([episode("weak", scattered)])
+    query = "staging database host address"
+
+    assert await recalled(store, query, 0.5) == ["strong"]  # 3 of 4 words on one line
+    assert sorted(await recalled(store, query, 0.0)) == ["strong", "weak"]
+    assert await recalled(store, query, 0.8) == []  # no block at all
+
+
+async def test_a_memory_id_the_user_names_passes_any_gate(store: SqliteStore) -> None:
+    (named,) = await store.upsert([episode("named", "User: nothing in common here")])
+    assert await recalled(store, f"show me {named.memory_id}", 1.0) == ["named"]
+
+
+# --- end to end through the proxy ----------------------------------------------------------
+
+
+async def tool_turn(s: Session, prompt: str, output: str) -> None:
+    """A turn whose one command printed ``output``: the prompt, then the output, then the
+    answer, as Codex sends them."""
+    s.turns += 1
+    turn = notes_turn(prompt, output)
+    s.items = [*s.items, turn[0]]
+    await s.send()
+    s.items = [*s.items, *turn[1:-1]]
+    await s.send()
+    s.items = [*s.items, turn[-1]]
+
+
+async def test_a_fact_in_the_middle_of_a_tool_output_comes_back_as_a_few_lines(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy(keep_turns=2, trim_slack=0)
+    s = Session(proxy, upstream)
+    await tool_turn(s, "Read the notes before you start.", long_output())
+    for n in range(2, 6):
+        await s.say(f"turn {n}: please do step {n}")
+        await runtime(proxy).queue.join()
+
+    sent = await s.say(f"{QUESTION} I need it for the deploy.")
+
+    assert "Read the notes" not in " ".join(user_texts(sent))  # cut from the window
+    position, block = developer_memory(sent)[-1]
+    assert sent["input"][position + 1]["content"][0]["text"].startswith(QUESTION)
+    assert FACT in block and NOTES_CMD in block
+    assert "cache_router" not in block
+    assert tokens.count(block) < 300
+
+
+async def test_a_turns_recall_message_stays_in_place_in_later_requests(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    # Keep 2 turns, cut in steps of 3: at turns 5 and 8.
+    settings = {"keep_turns": 2, "trim_slack": 2, "recall_min_score": 0.0}
+    proxy = await start_proxy(**settings)
+    s = Session(proxy, upstream)
+    await s.say("Our database is PostgreSQL 15 on port 5433.")
+    for n in range(2, 5):
+        await s.say(f"turn {n}: set up part {n} of the repo")
+        await runtime(proxy).queue.join()
+    asked = await s.say("Which port does the database listen on?")
+    ((position, block),) = developer_memory(asked)
+    assert "port 5433" in block
+    message = asked["input"][position]
+    await runtime(proxy).queue.join()
+
+    later = await s.say("turn 6: now write the migration")
+    # The whole earlier request is a prefix of the later one: the provider reads it from its
+    # cache; the recall message is there, the same bytes, before its own turn's prompt.
+    assert later["input"][: len(asked["input"])] == asked["input"]
+    assert later["input"][position] == message
+    assert [text for _, text in developer_memory(later)].count(block) == 1
+
+    # Without a turn id (a client that sends none): the turn is found from the history.
+    s.items = [*s.items, codex.text("assistant", "Done."), codex.text("user", "turn 7: ship")]
+    bare = {k: v for k, v in codex.headers().items() if k != "x-codex-turn-metadata"}
+    assert await post(proxy.url, codex.request(s.items), bare) == 200
+    assert upstream.last.json["input"][position] == message
+
+    # Another replica has no copy of the message: it leaves it out, and still serves.
+    other = await start_proxy(**settings)
+    assert await post(other.url, codex.request(s.items), bare) == 200
+    assert message not in upstream.last.json["input"][: position + 1]
+
+
+async def test_a_question_that_matches_nothing_well_gets_no_recall_block(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy(keep_turns=1, trim_slack=0, recall_min_score=0.5)
+    s = Session(proxy, upstream)
+    await s.say("Our database is PostgreSQL 15 on port 5433.")
+    for n in range(2, 4):
+        await s.say(f"turn {n}: please do step {n}")
+        await runtime(proxy).queue.join()
+
+    vague = await s.say("Tidy the migration folder and the database docs, then the README.")
+    await runtime(proxy).queue.join()
+    sharp = await s.say("Which port is the database on?")
+
+    assert developer_memory(vague) == []  # one word of six: under the gate
+    ((_, block),) = developer_memory(sharp)
+    assert "PostgreSQL 15 on port 5433" in block
