@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")
     weight_semantic: float = Field(0.8, ge=0, description="Recall weight of semantic memory.")
+    memory_timeout_ms: int = Field(
+        1000, gt=0, description="The most a request waits for memory before going without it."
+    )
     ingest_queue_size: int = Field(1000, gt=0, description="Pending memory writes at most.")
 
     @field_validator("upstream_url", "core_url", "public_url")

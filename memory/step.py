@@ -112,6 +112,7 @@ class MemoryStep:
         metrics: Metrics,
     ) -> None:
         self._settings = settings
+        self._budget_s = settings.memory_timeout_ms / 1000
         self._placement: Literal["split", "instructions"] = settings.memory_placement
         self._working = working
         self._ingester = ingester
@@ -144,10 +145,17 @@ class MemoryStep:
             while len(self._turns) > TURNS_CACHED:
                 self._turns.popitem(last=False)
         try:
-            prepared = await asyncio.shield(task)
+            # A slow store (a database going down, a lock held) costs this request at most the
+            # budget; the turn's work goes on and later requests of the turn get its result.
+            prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
+        except TimeoutError:
+            self._health.failed("memory in time", TimeoutError("store too slow"))
+            ex.notes["memory_degraded"] = True
+            return
         except Exception:
             self._turns.pop(key, None)  # a bug, not a store failure: try again next time
             raise
+        self._health.ok("memory in time")
         if prepared.degraded:
             ex.notes["memory_degraded"] = True
         ex.notes["memory_recalled"] = prepared.recalled

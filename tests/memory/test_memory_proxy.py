@@ -16,7 +16,7 @@ import pytest
 
 from injectors import tokens
 from memory import wiring
-from memory.model import Scope, user_ref
+from memory.model import Scope, StoreError, user_ref
 from proxy.app import METRICS
 from tests.conftest import SHARED_FIXTURES, ProxyFactory
 from tests.fakes.upstream import FakeUpstream
@@ -394,3 +394,31 @@ async def test_a_real_codex_session_is_remembered_and_recalled(
     assert "<episodic_memory" in text
     working = sent["instructions"]
     assert "turn 1: run echo hi" in working  # the task, cut from the window
+
+
+async def test_a_store_that_hangs_costs_a_request_at_most_the_memory_budget(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await start_proxy(keep_turns=2, trim_slack=0, memory_timeout_ms=200)
+    s = Session(proxy, upstream)
+    await s.say(DB_FACT)
+    await runtime(proxy).queue.join()
+    store = runtime(proxy).store
+    release = asyncio.Event()
+
+    async def hang(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()  # a database that stopped answering
+        raise StoreError("the database went away")
+
+    for name in ("search", "list", "upsert", "get"):
+        monkeypatch.setattr(store, name, hang)
+
+    # Bounded by the test's own timeout, not a timing assertion: without the budget the
+    # request would wait on the store for ever.
+    sent = await asyncio.wait_for(s.say("turn 2: which database port do we use?"), 30)
+
+    assert user_texts(sent)[-1] == "turn 2: which database port do we use?"
+    assert "_memory" not in memory_text(sent)
+    registry = proxy.app[METRICS].registry
+    assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) >= 1
+    release.set()
