@@ -1,6 +1,6 @@
 """Memory recall: do facts cut from the window come back when asked, at what cost and speed.
 
-    python -m bench.recall                      # both stores at 10k and 100k; appends RESULTS.md
+    python -m bench.recall                      # both stores at 10k and 100k, into RESULTS.md
     python -m bench.recall --quick --no-write   # 2k and 10k, fewer sessions, print only
     python -m bench.recall --stores sqlite --pg-url postgresql://...
 
@@ -306,6 +306,18 @@ async def fill(store: Store, text: Text, start: int, stop: int, now: float) -> f
     return (stop - start) / elapsed if elapsed > 0 else 0.0
 
 
+async def analyze(values: dict[str, Any]) -> None:
+    """Refresh PostgreSQL's table statistics, as autovacuum does after a bulk of writes (the
+    search reads them to tell rare words from common ones)."""
+    url = values.get("store_url")
+    if not url:
+        return
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("ANALYZE memories")
+
+
 def questions(n: int) -> list[str]:
     """What recall searches with: the facts' questions, whatever their values."""
     rng = random.Random(1)
@@ -529,6 +541,11 @@ async def run_store(name: str, args: argparse.Namespace, tmp: Path) -> list[Row]
                 print(f"[{name}] filling to {size} memories ...", flush=True)
                 rate = await fill(store, text, filled, size, now)
                 filled = size
+                # As a running store would be: table statistics fresh, caches reset.
+                await store.close()
+                await analyze(values)
+                store = make_store(settings)
+                await store.open()
                 in_scope = len(await store.list(SCOPE, types=("episodic", "semantic"),
                                                 limit=10_000_000, now=now))
                 latency = await store_latency(store, asked, long, time.time())
@@ -585,8 +602,9 @@ def report(rows: Sequence[Row], args: argparse.Namespace) -> str:
                   "fact inside the window (not scored)."]
     lines += ["", "Background: synthetic episodes, facts and task notes (Zipf-distributed "
               "words), half of them in the sessions' scope (\"in scope\": live episodic and "
-              "semantic ones), upserted in batches of 1,000. search: `Store.search` over that "
-              "scope (limit 20) with the facts' questions, and with long prompts of the "
+              "semantic ones), upserted in batches of 1,000 (PostgreSQL: then `ANALYZE`, as "
+              "autovacuum would). search: `Store.search` over that scope (limit 20) with the "
+              "facts' questions, and with long prompts of the "
               "background's own frequent words, which match most of the scope (the worst case "
               "for a ranked search); list: `Store.list` of the last day (limit 20). recall@k: "
               "asks whose fact value reached the upstream while its statement had been cut; "
@@ -630,16 +648,18 @@ async def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if not args.no_write:
         write_results(text)
-        print(f"\nappended to {RESULTS}")
+        print(f"\nwritten to {RESULTS}")
     return 0
 
 
 def write_results(text: str) -> None:
-    """Append this run inside the Memory recall section, leaving every other section alone."""
+    """Put this run in place of the last one inside the Memory recall section, leaving every
+    other section alone."""
     current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     if BEGIN in current and END in current:
-        head, rest = current.split(END, 1)
-        updated = head.rstrip("\n") + "\n\n" + text + "\n" + END + rest
+        head, rest = current.split(BEGIN, 1)
+        rest = rest.split(END, 1)[1]
+        updated = head + BEGIN + "\n" + text + "\n" + END + rest
     else:
         updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{BEGIN}\n{text}\n{END}\n"
     RESULTS.write_text(updated)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
+from memory.store_sqlite import BUDGET, MAX_WORDS, RECENT, bound
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 
@@ -59,6 +61,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX memories_session ON memories (session_id) WHERE session_id IS NOT NULL",
         ),
     ),
+    (
+        2,
+        (
+            # The four scope columns go together (an agent belongs to one team): without
+            # this the planner multiplies their selectivities, takes a scope holding half
+            # the table for a small one and ANDs a bitmap of all of it into every search.
+            """CREATE STATISTICS memories_scope (dependencies, ndistinct)
+                   ON service_id, team_id, agent_id, user_ref FROM memories""",
+            "ANALYZE memories",
+        ),
+    ),
 )
 
 _COLUMNS = (
@@ -80,36 +93,45 @@ ON CONFLICT ON CONSTRAINT memories_scope_type_key DO UPDATE SET
 RETURNING {_COLUMNS}
 """
 _M_COLUMNS = ", ".join("m." + c.strip() for c in _COLUMNS.split(","))
-# The question is parsed by the same configuration as the documents; its lexemes (the first
-# 64, as memory.words.terms keeps them) are OR-ed, since a question shares only some words
-# with the memory that answers it. Quoted lexemes cast to tsquery stay exactly as to_tsvector
-# made them. Ranking matches the SQLite store: first how many of the question's lexemes a
-# record holds, then ts_rank, among a pool of the best ts_rank matches.
-_QUERY = r"""
-SELECT string_agg(lit, ' | ')::tsquery AS query, array_agg(lit::tsquery) AS parts
-FROM (
-    SELECT '''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || '''' AS lit
-    FROM unnest(to_tsvector('english'::regconfig, %(query)s))
-    ORDER BY positions[1] LIMIT 64
-) AS t
-"""
-_SEARCH = f"""
-WITH q AS ({_QUERY}), pool AS (
-    SELECT m.memory_id AS id, ts_rank(m.tsv, q.query, 1) AS score
-    FROM memories m, q
-    WHERE m.tsv @@ q.query
-      AND m.service_id = %(service_id)s AND m.team_id = %(team_id)s
+_FILTERS = """m.service_id = %(service_id)s AND m.team_id = %(team_id)s
       AND m.agent_id = %(agent_id)s AND m.user_ref = %(user_ref)s
-      AND m.type = ANY(%(types)s)
-      AND (m.expires_at IS NULL OR m.expires_at > %(now)s)
-    ORDER BY score DESC LIMIT 200
-)
-SELECT {_M_COLUMNS}, pool.score, cardinality(q.parts),
-       (SELECT count(*) FROM unnest(q.parts) AS p(part) WHERE m.tsv @@ p.part) AS coverage
-FROM pool JOIN memories m ON m.memory_id = pool.id, q
-ORDER BY coverage DESC, pool.score DESC, m.updated_at DESC, m.memory_id DESC
+      AND m.type = ANY(%(types)s) AND (m.expires_at IS NULL OR m.expires_at > %(now)s)"""
+# The question is parsed by the same configuration as the documents; its first 64 lexemes
+# are OR-ed, since a question shares only some words with the memory that answers it.
+_LEXEMES = """
+SELECT lexeme FROM unnest(to_tsvector('english'::regconfig, %s)) ORDER BY positions[1] LIMIT 64
+"""
+# How common each lexeme is, from the statistics ANALYZE (autovacuum) keeps for the planner.
+_STATS = """
+SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
+    AND s.attname = 'tsv'
+WHERE c.oid = 'memories'::regclass
+"""
+# Bounded as in the SQLite store (see memory.store_sqlite.bound): every match of the rarer
+# lexemes (found through the GIN index alone: the scope index would add a bitmap of the
+# whole scope), the newest matches of the commoner ones (a walk down the scope index), then
+# ranked exactly: first how many of the question's lexemes a record holds, then ts_rank.
+_RARE = """rare AS MATERIALIZED (
+    SELECT memory_id FROM memories WHERE tsv @@ %(rare)s::tsquery LIMIT %(cap)s
+)"""
+_RECENT = f"""recent AS MATERIALIZED (
+    SELECT m.memory_id FROM memories m WHERE {_FILTERS} AND m.tsv @@ %(common)s::tsquery
+    ORDER BY m.updated_at DESC LIMIT %(recent)s
+)"""
+_RANKED = f"""
+SELECT {_M_COLUMNS}, ts_rank(m.tsv, %(all)s::tsquery, 1) AS score,
+       (SELECT count(*) FROM unnest(%(parts)s::tsquery[]) AS p(part) WHERE m.tsv @@ p.part)
+           AS coverage
+FROM memories m
+-- An array, not a join: joined, the planner would rather read the whole scope than look up
+-- the few candidates by key.
+WHERE m.memory_id = ANY(ARRAY(SELECT memory_id FROM pool)) AND {_FILTERS}
+ORDER BY coverage DESC, score DESC, m.updated_at DESC, m.memory_id DESC
 LIMIT %(limit)s
 """
+_STATS_TTL_S = 300.0
 # Retried: two replicas writing the same keys can still meet in a deadlock or a
 # serialization failure; a second try then succeeds.
 _RETRY_SQLSTATES = frozenset({"40P01", "40001"})
@@ -124,6 +146,7 @@ class PostgresStore:
         self._max = max_connections
         self._timeout_s = timeout_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+        self._stats: _Stats | None = None
 
     def __repr__(self) -> str:
         return "PostgresStore(<url>)"
@@ -246,27 +269,64 @@ class PostgresStore:
     ) -> list[Hit]:
         if not query.strip() or not types or limit <= 0:
             return []
-        params = {
-            "query": _clean(query[:_MAX_QUERY_CHARS]),
-            "service_id": scope.service_id,
-            "team_id": scope.team_id,
-            "agent_id": scope.agent_id,
-            "user_ref": scope.user,
-            "types": list(types),
-            "now": time.time() if now is None else now,
-            "limit": limit,
-        }
         async with self._conn() as conn:
-            cur = await conn.execute(_SEARCH, params)
+            cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
+            lexemes = [str(row[0]) for row in await cur.fetchall()]
+            if not lexemes:
+                return []
+            stats = await self._statistics(conn)
+            rarest = sorted(range(len(lexemes)), key=lambda i: stats.rows(lexemes[i]))
+            chosen = [lexemes[i] for i in sorted(rarest[:MAX_WORDS])]
+            plan = bound([round(stats.rows(lex)) for lex in chosen], BUDGET)
+            params: dict[str, Any] = {
+                "service_id": scope.service_id,
+                "team_id": scope.team_id,
+                "agent_id": scope.agent_id,
+                "user_ref": scope.user,
+                "types": list(types),
+                "now": time.time() if now is None else now,
+                "limit": limit,
+                "all": " | ".join(_quote(lex) for lex in chosen),
+                "parts": [_quote(lex) for lex in chosen],
+                "rare": " | ".join(_quote(chosen[i]) for i in plan.rare),
+                "common": " | ".join(_quote(chosen[i]) for i in plan.common),
+                "cap": 2 * BUDGET,
+                "recent": RECENT,
+            }
+            named = {"rare": _RARE} if plan.rare else {}
+            if plan.common:
+                named["recent"] = _RECENT
+            union = " UNION ".join(f"SELECT memory_id FROM {name}" for name in named)
+            ctes = [*named.values(), f"pool AS ({union})"]
+            # The planner costs a tsvector match as next to free and would rather read the
+            # whole table than the GIN index; every set read here is small by construction.
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            # Planned with the actual lexemes (no generic plan), so that the planner knows a
+            # rare lexeme from a common one.
+            cur = await conn.execute(
+                f"WITH {', '.join(ctes)} {_RANKED}", params, prepare=False
+            )
             rows = await cur.fetchall()
         hits = []
         for row in rows:
-            score, words, matched = max(float(row[-3]), 0.0), int(row[-2]), int(row[-1])
+            score, matched = max(float(row[-2]), 0.0), int(row[-1])
             # In (0, 1) as in the SQLite store: the share of the question's words matched,
             # ts_rank breaking ties.
-            relevance = (matched + score / (1.0 + score)) / (words + 1)
-            hits.append(Hit(_memory(row[:-3]), max(relevance, 1e-9)))
+            relevance = (matched + score / (1.0 + score)) / (len(chosen) + 1)
+            hits.append(Hit(_memory(row[:-2]), max(relevance, 1e-9)))
         return hits
+
+    async def _statistics(self, conn: psycopg.AsyncConnection[TupleRow]) -> _Stats:
+        """The lexeme statistics, read again every few minutes."""
+        stats = self._stats
+        # A table not analyzed yet is looked at again soon: it may be filling up.
+        ttl = _STATS_TTL_S if stats is not None and stats.total else _STATS_TTL_S / 10
+        if stats is None or time.monotonic() - stats.read_at > ttl:
+            cur = await conn.execute(_STATS)
+            row = await cur.fetchone()
+            stats = _Stats.of(row)
+            self._stats = stats
+        return stats
 
     async def list(
         self,
@@ -311,6 +371,34 @@ class PostgresStore:
             cur = await conn.execute(sql, params)
             rows = await cur.fetchall()
         return [_memory(row) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stats:
+    """How many records hold a lexeme, as the table statistics estimate it."""
+
+    total: float = 0.0  # 0: never analyzed, every lexeme counts as rare
+    freq: dict[str, float] = field(default_factory=dict)  # the most common lexemes
+    floor: float = 0.0  # the frequency under which a lexeme is not in ``freq``
+    read_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of(cls, row: Sequence[Any] | None) -> _Stats:
+        if row is None or row[0] is None or float(row[0]) <= 0 or not row[1] or not row[2]:
+            return cls()
+        elems, freqs = list(row[1]), [float(f) for f in row[2]]
+        # After one frequency per element: their minimum and maximum.
+        floor = freqs[len(elems)] if len(freqs) > len(elems) else min(freqs, default=0.0)
+        return cls(float(row[0]), dict(zip(elems, freqs, strict=False)), floor)
+
+    def rows(self, lexeme: str) -> float:
+        # A lexeme not in the list is rarer than its rarest: the planner guesses half that.
+        return self.total * self.freq.get(lexeme, self.floor / 2)
+
+
+def _quote(lexeme: str) -> str:
+    """A lexeme as a tsquery operand, taken literally."""
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def _clean(value: str) -> str:

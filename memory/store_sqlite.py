@@ -9,10 +9,14 @@ error leaves this module as ``StoreError``.
 from __future__ import annotations
 
 import asyncio
+import collections
+import math
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +25,7 @@ import orjson
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.words import terms
 
-__all__ = ["MIGRATIONS", "SqliteStore"]
+__all__ = ["BUDGET", "MAX_WORDS", "MIGRATIONS", "RECENT", "Bounds", "SqliteStore", "bound"]
 
 T = TypeVar("T")
 
@@ -71,6 +75,26 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         END;
         """,
     ),
+    (
+        2,
+        # Recall lists a session's records and a scope's records of one type on every turn;
+        # with only (scope, updated_at) to go by, that walked the whole scope (120 ms at
+        # 50k records). Ingest rewrites a record when only its in_window flag changed:
+        # re-indexing the same text churned the FTS index for nothing.
+        """
+        CREATE INDEX memories_scope_session_type ON memories (service_id, team_id, agent_id,
+            user_ref, session_id, type, updated_at DESC, memory_id DESC);
+        CREATE INDEX memories_scope_type ON memories (service_id, team_id, agent_id,
+            user_ref, type, updated_at DESC, memory_id DESC);
+        DROP TRIGGER memories_au;
+        CREATE TRIGGER memories_au AFTER UPDATE OF text ON memories
+        WHEN old.text IS NOT new.text BEGIN
+            INSERT INTO memories_fts (memories_fts, rowid, text)
+                VALUES ('delete', old.id, old.text);
+            INSERT INTO memories_fts (rowid, text) VALUES (new.id, new.text);
+        END;
+        """,
+    ),
 )
 
 _COLUMNS = (
@@ -78,6 +102,7 @@ _COLUMNS = (
     "turn_index, in_window, sources, attrs, created_at, updated_at, expires_at"
 )
 _M_COLUMNS = ", ".join("m." + c.strip() for c in _COLUMNS.split(","))
+_REALS = frozenset({"created_at", "updated_at", "expires_at"})
 _UPSERT = f"""
 INSERT INTO memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (service_id, team_id, agent_id, user_ref, type, key) DO UPDATE SET
@@ -92,12 +117,29 @@ ON CONFLICT (service_id, team_id, agent_id, user_ref, type, key) DO UPDATE SET
 RETURNING {_COLUMNS}
 """
 _SCOPE_WHERE = "m.service_id = ? AND m.team_id = ? AND m.agent_id = ? AND m.user_ref = ?"
-# bm25 alone ranks a long record that matches every word of a question below a short one that
-# matches one word (its length penalty, and idf collapses in a small store); so records are
-# ranked by how many of the question's words they match first, bm25 second, among a pool of
-# the best bm25 matches.
-_POOL = 200
+_MATCH = "SELECT rowid FROM memories_fts WHERE memories_fts MATCH"
+_FILTERS = """m.service_id = :service AND m.team_id = :team AND m.agent_id = :agent
+    AND m.user_ref = :user AND (m.expires_at IS NULL OR m.expires_at > :now)
+    AND m.type IN (:types)"""
+# Search at scale. Ranking every match of a question is what made recall slow (hundreds of
+# ms at 100k memories): a common word matches a good part of a store. So the candidates are
+# bounded first (``bound``): every match of the question's rarer words, up to BUDGET rows,
+# and the newest RECENT matches of its commoner words; then they are ranked exactly. Below
+# BUDGET matches (a store of modest size) that is every match. The work stays inside SQLite
+# (three statements, a few dozen rows back): each row that crosses into Python costs a turn
+# of the GIL, and under load the event loop holds it.
+BUDGET = 1000
+RECENT = 200
+_RECENT_SCAN = 2000
+MAX_WORDS = 8  # the rarest words of a long prompt are enough to rank by
+# BM25: matches of rare words count for more, long records for less. Term frequencies are
+# read from the text of the best _RERANK candidates only.
+_K1, _B = 1.2, 0.75
+_RERANK = 40
+_TF_CHARS = 2000
+_SUFFIXES = ("ing", "ed", "es", "s", "e")
 _BUSY_TIMEOUT_S = 5.0
+_CACHE_KIB = 32 * 1024
 
 
 class SqliteStore:
@@ -132,8 +174,11 @@ class SqliteStore:
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
+            # A search touches a few thousand rows and index pages spread over the file;
+            # SQLite's default 2 MB page cache made each touch a copy from the OS cache.
+            conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
             _migrate(conn)
         except BaseException:
             conn.close()
@@ -225,34 +270,30 @@ class SqliteStore:
     def _search(
         self, scope: Scope, words: list[str], types: list[str], limit: int, now: float
     ) -> list[Hit]:
-        phrases = [_phrase(w) for w in words]
-        type_marks = ", ".join("?" * len(types))
-        coverage = " + ".join(
-            "(SELECT count(*) FROM memories_fts f WHERE f.memories_fts MATCH ? AND f.rowid = h.id)"
-            for _ in phrases
-        )
-        sql = f"""
-            WITH h AS (
-                SELECT m.id AS id, -bm25(memories_fts) AS score
-                FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
-                WHERE memories_fts MATCH ? AND {_SCOPE_WHERE}
-                  AND m.type IN ({type_marks}) AND (m.expires_at IS NULL OR m.expires_at > ?)
-                ORDER BY score DESC LIMIT ?
+        db = self._db()
+        total, counted = _rarest(db, words)
+        df = [n for n, _ in counted]
+        idf = [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) for n in df]
+        sql, params = _candidates_sql([_phrase(w) for _, w in counted], idf, bound(df, BUDGET))
+        params.update(service=scope.service_id, team=scope.team_id, agent=scope.agent_id,
+                      user=scope.user, now=now, limit=max(limit, _RERANK),
+                      **{f"type{i}": t for i, t in enumerate(types)})
+        sql = sql.replace(":types", ", ".join(f":type{i}" for i in range(len(types))))
+        ranked = sorted(_json_rows(db, sql, params, "matched, score, updated, memory_id, id, "
+                                                    "words"), reverse=True)
+        if not ranked:
+            return []
+        marks = ", ".join("?" * len(ranked))
+        rows = {
+            row[0]: _memory(row[1:])
+            for row in _json_rows(
+                db, f"SELECT m.id, {_M_COLUMNS} FROM memories m WHERE m.id IN ({marks})",
+                [r[4] for r in ranked], "id, " + _COLUMNS,
             )
-            SELECT {_M_COLUMNS}, h.score, {coverage} AS coverage
-            FROM h JOIN memories m ON m.id = h.id
-            ORDER BY coverage DESC, h.score DESC, m.updated_at DESC, m.memory_id DESC
-            LIMIT ?
-        """
-        params: list[Any] = [" OR ".join(phrases), *_scope(scope), *types, now, _POOL]
-        params += [*phrases, limit]
-        hits = []
-        for row in self._db().execute(sql, params).fetchall():
-            score, matched = max(float(row[-2]), 0.0), int(row[-1])
-            # In (0, 1): the share of the question's words matched, bm25 breaking ties.
-            relevance = (matched + score / (1.0 + score)) / (len(words) + 1)
-            hits.append(Hit(_memory(row[:-2]), max(relevance, 1e-9)))
-        return hits
+        }
+        found = [(rows[r[4]], {int(w) for w in str(r[5]).split(",")})
+                 for r in ranked if r[4] in rows]
+        return _rerank(found, [w for _, w in counted], idf)[:limit]
 
     async def list(
         self,
@@ -285,12 +326,42 @@ class SqliteStore:
         params.append(limit)
 
         def list_() -> list[Memory]:
-            return [_memory(row) for row in self._db().execute(sql, params).fetchall()]
+            found = [_memory(row) for row in _json_rows(self._db(), sql, params, _COLUMNS)]
+            return sorted(found, key=lambda m: (m.updated_at, m.memory_id), reverse=True)
 
         return await self._run(list_)
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+def _json_rows(
+    db: sqlite3.Connection, sql: str, params: Sequence[Any] | dict[str, Any], columns: str
+) -> list[list[Any]]:
+    """The rows of ``sql`` (its ``columns``), in one JSON array: each row crossing into
+    Python is a turn of the GIL, and under load the event loop holds it for long."""
+    names = ", ".join(
+        # JSON keeps 15 digits of a REAL, quote() all: a timestamp comes back as it went in.
+        f"iif({c} IS NULL, NULL, quote({c}))" if c in _REALS else c
+        for c in (c.strip() for c in columns.split(","))
+    )
+    row = db.execute(f"SELECT json_group_array(json_array({names})) FROM ({sql})", params)
+    return list(orjson.loads(row.fetchone()[0]))
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL. Changing the journal mode does not wait on the busy handler: opening a
+    new file while another process migrates it fails at once, so that is retried here (on
+    the store's thread, at open) for as long as a busy wait would last."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -322,6 +393,145 @@ def _statements(script: str) -> list[str]:
     if buffer.strip():
         out.append(buffer.strip())
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """How a search reads a question's words (by index)."""
+
+    rare: tuple[int, ...]  # every match of these words is a candidate
+    common: tuple[int, ...]  # of these only the newest matches are
+
+
+def bound(df: Sequence[int], budget: int) -> Bounds:
+    """Spend ``budget`` candidate rows on the rarest words first (``df``: matches per word).
+
+    The rare words are what tell one memory from another; a word too common to fit says
+    little, and its newest matches are the likeliest of its many to matter.
+    """
+    order = sorted(range(len(df)), key=lambda i: (df[i], i))
+    spent = 0
+    rare: list[int] = []
+    for i in order:
+        if spent + df[i] > budget:
+            break
+        rare.append(i)
+        spent += df[i]
+    return Bounds(tuple(rare), tuple(i for i in order if i not in rare))
+
+
+def _rarest(db: sqlite3.Connection, words: Sequence[str]) -> tuple[int, list[tuple[int, str]]]:
+    """About how many records there are, and the ``MAX_WORDS`` rarest words with their match
+    counts (up to ``BUDGET + 1``), rarest first. Counted with a low cap first, since a long
+    prompt's rare words are usually enough."""
+    low = BUDGET // MAX_WORDS + 1
+    total, *first = _counts(db, words, low)
+    counted = list(zip(first, words, strict=True))
+    rare = [c for c in counted if c[0] < low]
+    common = [w for n, w in counted if n >= low]
+    if len(rare) < MAX_WORDS and common:
+        _, *again = _counts(db, common, BUDGET + 1)
+        rare += zip(again, common, strict=True)
+    # The commonest words of a long prompt say least about which memory is meant.
+    return total, sorted(rare, key=lambda c: c[0])[:MAX_WORDS]
+
+
+def _counts(db: sqlite3.Connection, words: Sequence[str], cap: int) -> list[int]:
+    """The largest rowid (about how many records), then each word's matches up to ``cap``."""
+    each = ", ".join(
+        f"(SELECT count(*) FROM ({_MATCH} :w{i} LIMIT :cap))" for i in range(len(words))
+    )
+    params: dict[str, object] = {f"w{i}": _phrase(w) for i, w in enumerate(words)}
+    row = db.execute(f"SELECT (SELECT max(id) FROM memories), {each}", {**params, "cap": cap})
+    return [int(n or 0) for n in row.fetchone()]
+
+
+def _candidates_sql(
+    phrases: Sequence[str], idf: Sequence[float], plan: Bounds
+) -> tuple[str, dict[str, object]]:
+    """One statement: the bounded candidates of the words in scope, alive and of the asked
+    types (``:types``), the best first: words matched, BM25 with term frequency 1,
+    updated_at, memory_id (the ranking), rowid, and the indices of the words each holds."""
+    params: dict[str, object] = {f"p{i}": p for i, p in enumerate(phrases)}
+    params.update({f"idf{i}": v for i, v in enumerate(idf)})
+    rare = " OR ".join(phrases[i] for i in plan.rare)
+    hits = [f"SELECT rowid AS id, {i} AS w, :idf{i} AS idf, 1 AS rare FROM memories_fts "
+            f"WHERE memories_fts MATCH :p{i}" for i in plan.rare]
+    ctes = []
+    pool = "c.rare = 1"
+    if plan.common:
+        # Which of the rare words' matches and of the newest matches hold a common word.
+        params["common"] = " OR ".join(phrases[i] for i in plan.common)
+        params.update(scan=_RECENT_SCAN, recent=RECENT)
+        ctes.append(f"""recent(id) AS MATERIALIZED (
+            SELECT m.id FROM ({_MATCH} :common ORDER BY rowid DESC LIMIT :scan) AS f
+            CROSS JOIN memories m ON m.id = f.rowid
+            WHERE {_FILTERS} LIMIT :recent)""")
+        pool += " OR c.id IN (SELECT id FROM recent)"
+        for i in plan.common:
+            # Rare-word matches and newest matches overlap: each row is found once.
+            common = f"SELECT rowid AS id, {i} AS w, :idf{i} AS idf, 0 AS rare FROM memories_fts"
+            params[f"n{i}"] = f"{phrases[i]} NOT ({rare})" if rare else phrases[i]
+            hits.append(f"{common} WHERE memories_fts MATCH :n{i}"
+                        " AND rowid >= (SELECT min(id) FROM recent)")
+            if rare:
+                params[f"q{i}"] = f"{phrases[i]} AND ({rare})"
+                hits.append(f"{common} WHERE memories_fts MATCH :q{i}")
+    ctes += [
+        "hits AS (" + " UNION ALL ".join(hits) + ")",
+        """cand AS (
+            SELECT id, count(*) AS matched, sum(idf) AS idf, group_concat(w) AS words,
+                   max(rare) AS rare
+            FROM hits GROUP BY id)""",
+    ]
+    sql = f"""WITH {", ".join(ctes)}
+        SELECT c.matched, c.idf / (1.0 + {_K1} * (1.0 - {_B} + {_B} * length(m.text)
+                / avg(length(m.text)) OVER ())) AS score,
+            m.updated_at AS updated, m.memory_id, c.id, c.words
+        FROM cand AS c CROSS JOIN memories m ON m.id = c.id
+        WHERE ({pool}) AND {_FILTERS}
+        ORDER BY 1 DESC, 2 DESC, 3 DESC, 4 DESC
+        LIMIT :limit"""
+    return sql, params
+
+
+def _rerank(
+    candidates: Sequence[tuple[Memory, set[int]]], words: Sequence[str], idf: Sequence[float]
+) -> list[Hit]:
+    """The best candidates again, by BM25 with the term frequencies read from their text
+    (a record that says a word twice is likelier about it)."""
+    folded = [_fold(w) for w in words]
+    # Only the tokens that start like a question word, found by one scan of the text.
+    forms = re.compile(r"\b(?:" + "|".join(map(re.escape, set(folded))) + r")[^\W_]*")
+    average = max(1.0, sum(len(m.text) for m, _ in candidates) / max(len(candidates), 1))
+    scored = []
+    for memory, matched in candidates:
+        # Counted in the head of the text: a long tool output would cost more than it tells.
+        head = memory.text[:_TF_CHARS].lower()
+        counts = collections.Counter(_fold(t) for t in forms.findall(head))
+        size = len(memory.text) / average
+        # The index says the word is there even when folding missed its form: at least 1.
+        score = sum(_bm25(idf[i], max(1, counts[folded[i]]), size) for i in matched)
+        scored.append((len(matched), score, memory.updated_at, memory.memory_id, memory))
+    scored.sort(key=lambda s: s[:4], reverse=True)
+    # In (0, 1): the share of the question's words matched, BM25 breaking ties.
+    return [
+        Hit(memory, max((matched + score / (1.0 + score)) / (len(words) + 1), 1e-9))
+        for matched, score, _, _, memory in scored
+    ]
+
+
+def _bm25(idf: float, tf: int, size: float) -> float:
+    """One word's BM25 term; ``size``: the record's length over the average."""
+    return idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * size))
+
+
+def _fold(token: str) -> str:
+    """A rough stem (rates, rated -> rat; rate -> rat): enough to count a word's forms."""
+    for suffix in _SUFFIXES:
+        if token.endswith(suffix) and len(token) - len(suffix) >= 3:
+            return token[: -len(suffix)]
+    return token
 
 
 def _phrase(word: str) -> str:

@@ -1,0 +1,459 @@
+"""Load: concurrent streaming Codex sessions through ctxproxy, memory and knowledge on.
+
+    .venv/bin/python -m bench.load                     # 200 sessions, 60 s; writes RESULTS.md
+    .venv/bin/python -m bench.load --quick --no-write  # 40 sessions, 10 s; prints only
+
+Processes on loopback: the fake upstream (bench/_upstream.py, its 70 SSE events ``--pace-ms``
+apart, as a model streams tokens), ctxproxy (``python -m proxy serve``: SQLite memory in a
+temporary data dir, a wiki added with the knowledge CLI and bound to every agent), and this
+client. Each of ``--sessions`` virtual users runs Codex threads back to back: every turn sends
+the history so far plus the new prompt, then (when the turn used tools) the tool-loop request
+with the calls and their outputs under the same turn id; after ``--turns`` turns a new thread
+starts. So the window cuts (from turn 6 on), every finished turn is ingested, recall runs on
+every new turn and the knowledge block goes into every request.
+
+The same load first goes straight to the upstream (the baseline), then, after a short warm-up,
+through the proxy. Reported: errors (a status other than 200, a stream that is cut or not the
+upstream's bytes, a timeout; must be 0), requests per second, time to first byte and to the
+end of the stream both ways and their difference (the latency the proxy adds), the proxy's
+peak RSS (VmHWM) and CPU, and from its /metrics what the window, memory and knowledge did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench import _session
+from bench._upstream import answer_events
+from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
+from memory.store_sqlite import SqliteStore
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+SECTION = "## Load"
+BEGIN, END = "<!-- load:begin (written by bench/load.py) -->", "<!-- load:end -->"
+TEAM = "team-load"
+AGENTS = ("agent-a", "agent-b", "agent-c", "agent-d")
+SCRIPTS = 16  # distinct thread scripts; every thread gets its own session id
+REQUEST_TIMEOUT_S = 60.0
+Item = dict[str, Any]
+
+
+# --- what the client sends ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Codex thread's turns: the items each turn adds to the history, in order."""
+
+    turns: tuple[tuple[Item, ...], ...]
+
+    @staticmethod
+    def make(seed: int, turns: int) -> Script:
+        rng = random.Random(seed)
+        return Script(tuple(tuple(_session._turn(rng, n)) for n in range(1, turns + 1)))
+
+
+def _tool_loop_prefix(turn: Sequence[Item]) -> list[Item] | None:
+    """The items of a turn up to its first tool outputs: what Codex sends after running the
+    tools; None for a turn without tools."""
+    last = None
+    for n, item in enumerate(turn):
+        if str(item.get("type", "")).endswith("call_output"):
+            last = n
+        elif last is not None:
+            break
+    return None if last is None else list(turn[: last + 1])
+
+
+@dataclass
+class Thread:
+    """A Codex thread in progress: its ids and the requests of each turn."""
+
+    script: Script
+    user: int
+    context: list[Item]
+    tools: list[Item]
+    pace_ms: float
+    session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    def requests(self, first_turn: int = 0) -> Iterator[tuple[bytes, dict[str, str]]]:
+        """Its requests in order, from ``first_turn`` on (a thread already under way)."""
+        done: list[Item] = [item for turn in self.script.turns[:first_turn] for item in turn]
+        for n, turn in enumerate(self.script.turns[first_turn:], start=first_turn):
+            turn_id = f"{self.session_id[:8]}-turn-{n}"
+            steps = [list(turn[:1])]
+            tool_loop = _tool_loop_prefix(turn)
+            if tool_loop is not None:
+                steps.append(tool_loop)
+            for items in steps:
+                yield self._body([*self.context, *done, *items], turn_id), self._headers(turn_id)
+            done += turn
+
+    def _meta(self, turn_id: str) -> str:
+        return orjson.dumps({"session_id": self.session_id, "turn_id": turn_id,
+                             "request_kind": "turn",
+                             "window_id": f"{self.session_id}:0"}).decode()
+
+    def _body(self, items: list[Item], turn_id: str) -> bytes:
+        sid = self.session_id
+        return orjson.dumps({
+            "model": "gpt-5.5", "stream": True, "input": items, "tools": self.tools,
+            "tool_choice": "auto", "parallel_tool_calls": True,
+            "reasoning": {"summary": "auto"}, "store": False,
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": sid,
+            "client_metadata": {"x-codex-turn-metadata": self._meta(turn_id), "session_id": sid},
+        })
+
+    def _headers(self, turn_id: str) -> dict[str, str]:
+        sid = self.session_id
+        agent = AGENTS[self.user % len(AGENTS)]
+        return {
+            **_session.headers(),
+            "x-codex-window-id": f"{sid}:0", "x-codex-turn-metadata": self._meta(turn_id),
+            "x-client-request-id": sid, "session-id": sid, "thread-id": sid,
+            "x-team-id": TEAM, "x-agent-id": agent, "x-tdai-user-key": f"key-{agent}",
+            "x-bench-pace-ms": str(self.pace_ms),
+        }
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What one phase measured."""
+
+    seconds: float = 0.0
+    ttfb: list[float] = field(default_factory=list)  # seconds, per successful request
+    total: list[float] = field(default_factory=list)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    first_errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> int:
+        return len(self.total)
+
+    def error(self, kind: str, detail: str) -> None:
+        self.errors[kind] += 1
+        if len(self.first_errors) < 5:
+            self.first_errors.append(f"{kind}: {detail}"[:300])
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+              expected: bytes, run: Run) -> None:
+    began = time.perf_counter()
+    first = 0.0
+    received = bytearray()
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            async for chunk in resp.content.iter_any():
+                if not first:
+                    first = time.perf_counter()
+                received += chunk
+            status = resp.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        run.error(type(exc).__name__, str(exc))
+        return
+    end = time.perf_counter()
+    if status != 200:
+        run.error(f"status {status}", bytes(received[:200]).decode(errors="replace"))
+    elif received != expected:
+        run.error("not the upstream's stream", f"{len(received)} bytes")
+    else:
+        run.ttfb.append(first - began)
+        run.total.append(end - began)
+
+
+async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
+                pace_ms: float, seed: int) -> Run:
+    """``users`` virtual users running threads back to back for ``seconds``; a request
+    started in time is finished and counted."""
+    run = Run()
+    expected = b"".join(answer_events())
+    rng = random.Random(seed)
+    context = _session.context_items(random.Random(seed))
+    tools = _session.tools()
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=0)
+    began = time.perf_counter()
+    stop_at = began + seconds
+
+    async def user(n: int) -> None:
+        # Spread the users' first requests over the first second, and start each in the
+        # middle of a thread: a steady state, not 200 sessions that all begin together.
+        await asyncio.sleep(n / users)
+        first_turn = rng.randrange(len(scripts[0].turns))
+        while time.perf_counter() < stop_at:
+            thread = Thread(rng.choice(scripts), n, context, tools, pace_ms)
+            for body, headers in thread.requests(first_turn):
+                if time.perf_counter() >= stop_at:
+                    return
+                await one(client, url, body, headers, expected, run)
+            first_turn = 0
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
+        await asyncio.gather(*(user(n) for n in range(users)))
+    run.seconds = time.perf_counter() - began
+    return run
+
+
+# --- the processes ---------------------------------------------------------------------------
+
+PAGES = {
+    "ledger/settle.md": "# Settlement\n\nThe settle step is idempotent per refund key; retries "
+    "look the key up inside the posting transaction.\n",
+    "ops/deploy.md": "# Deploying\n\nHelm charts from main; roll back with helm rollback.\n",
+    "api/limits.md": "# Rate limits\n\nEach tenant gets 1200 requests per minute.\n",
+}
+
+
+def knowledge(workdir: Path, data_dir: Path) -> str:
+    """Add a wiki for the team with the knowledge CLI and bind it to every agent."""
+    docs = workdir / "docs"
+    for name, text in PAGES.items():
+        (docs / name).parent.mkdir(parents=True, exist_ok=True)
+        (docs / name).write_text(text)
+    env = _server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "proxy", "knowledge", *args], env=env,
+                              check=True, capture_output=True, text=True)
+        return done.stdout
+
+    wiki = cli("add-wiki", "--team", TEAM, "--name", "Ledger docs", "--summary",
+               "Design notes of the ledger service", str(docs)).split()[0]
+    for agent in AGENTS:
+        cli("bind", wiki, "--agent", agent, "--user-key", f"key-{agent}")
+    return wiki
+
+
+def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | None) -> Proc:
+    port = free_port()
+    env = _server_env({
+        "CTXPROXY_PORT": str(port),
+        "CTXPROXY_UPSTREAM_URL": f"http://127.0.0.1:{upstream.port}/v1",
+        "CTXPROXY_DATA_DIR": str(data_dir),
+        "CTXPROXY_MEMORY_ENABLED": "true",
+    })
+    return start("proxy", proxy_cmd(profile), env, port, workdir)
+
+
+def vm_kib(pid: int, field_name: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def scrape(proc: Proc) -> dict[str, float]:
+    """The proxy's metrics, summed over labels except the ones named in the key."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = collections.defaultdict(float)
+    for line in text.splitlines():
+        match = re.match(r"^(ctxproxy_\w+)(\{[^}]*\})? (\S+)$", line)
+        if not match:
+            continue
+        name, labels, value = match.groups()
+        out[name] += float(value)
+        for label in re.findall(r'(?:result|reason|source|status)="([^"]*)"', labels or ""):
+            out[f"{name}[{label}]"] += float(value)
+    return dict(out)
+
+
+async def stored_episodes(data_dir: Path) -> int:
+    store = SqliteStore(data_dir / "memory.sqlite3")
+    await store.open()
+    try:
+        return len(await store.list(None, types=["episodic"], limit=10_000_000))
+    finally:
+        await store.close()
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    direct: Run
+    proxied: Run
+    rss_peak_kib: int
+    rss_end_kib: int
+    proxy_cpu_s: float
+    metrics: dict[str, float]
+    episodes: int
+    wiki: str
+    degraded: list[str]  # the memory parts that failed at least once
+    log_tail: str
+
+
+async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
+    scripts = [Script.make(seed, args.turns) for seed in range(SCRIPTS)]
+    data_dir = workdir / "data"
+    wiki = knowledge(workdir, data_dir)
+    port = free_port()
+    upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port)],
+                     _server_env({}), port, workdir)
+    proxy: Proc | None = None
+    try:
+        print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
+        direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
+                             args.pace_ms, seed=1)
+        proxy = start_proxy(upstream, workdir, data_dir, args.profile)
+        print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
+        await drive(proxy.url, args.sessions, args.warmup_seconds, scripts, args.pace_ms, seed=2)
+        cpu_before = proxy.cpu_s()
+        print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
+        proxied = await drive(proxy.url, args.sessions, args.seconds, scripts, args.pace_ms,
+                              seed=3)
+        cpu = proxy.cpu_s() - cpu_before
+        metrics = scrape(proxy)
+        peak, end = vm_kib(proxy.popen.pid, "VmHWM"), vm_kib(proxy.popen.pid, "VmRSS")
+    finally:
+        if proxy is not None:
+            stop(proxy)  # SIGTERM: open streams finish, queued memory writes are flushed
+        stop(upstream)
+    log = proxy.log.read_text(errors="replace") if proxy is not None else ""
+    # The memory side logs the first failure of each part (and its recovery).
+    degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
+    return Outcome(direct, proxied, peak, end, cpu, metrics, await stored_episodes(data_dir),
+                   wiki, degraded, log[-3000:])
+
+
+def _q(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) in milliseconds."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
+    d, p, m = o.direct, o.proxied, o.metrics
+    errors = sum(p.errors.values())
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = " ".join([".venv/bin/python -m bench.load", *args.argv])
+    lines = [
+        f"Measured {stamp} with `{command}` on {machine().split('. The machine')[0]}. Run "
+        f"time {seconds:.0f} s.",
+        "",
+        f"{args.sessions} concurrent streaming sessions (Codex threads of {args.turns} turns, "
+        f"one request per turn plus a tool-loop request when the turn used tools; window 5 "
+        f"turns; {len(AGENTS)} agents of one team, the team's wiki bound to each); the fake "
+        f"upstream streams 70 events {args.pace_ms:g} ms apart; SQLite memory store; "
+        "ctxproxy as one process (`python -m proxy serve`).",
+        "",
+        "| | requests | errors | requests/s | TTFB p50 ms | TTFB p99 ms | stream p50 ms "
+        "| stream p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in (("direct (baseline)", d), ("through ctxproxy", p)):
+        lines.append(
+            f"| {name} | {r.ok + sum(r.errors.values()):,} | {sum(r.errors.values())} "
+            f"| {r.ok / r.seconds:.0f} | {_q(r.ttfb, .5):.1f} | {_q(r.ttfb, .99):.1f} "
+            f"| {_q(r.total, .5):.0f} | {_q(r.total, .99):.0f} |"
+        )
+    lines.append(
+        f"| **added by ctxproxy** | | | | **{_q(p.ttfb, .5) - _q(d.ttfb, .5):.1f}** "
+        f"| **{_q(p.ttfb, .99) - _q(d.ttfb, .99):.1f}** "
+        f"| {_q(p.total, .5) - _q(d.total, .5):.0f} | {_q(p.total, .99) - _q(d.total, .99):.0f} |"
+    )
+    recalls = m.get("ctxproxy_memory_recall_seconds_count", 0.0)
+    recall_ms = 1000 * m.get("ctxproxy_memory_recall_seconds_sum", 0.0) / max(recalls, 1.0)
+    lines += [
+        "",
+        f"- Errors through the proxy: **{errors}**"
+        + (f" ({dict(p.errors)})" if errors else "") + f"; direct: {sum(d.errors.values())}.",
+        f"- Proxy peak RSS (VmHWM): **{o.rss_peak_kib / 1024:.0f} MiB** (VmRSS at the end "
+        f"{o.rss_end_kib / 1024:.0f} MiB); proxy CPU {o.proxy_cpu_s:.1f} s over the "
+        f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of a core, "
+        f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request).",
+        f"- From the proxy's /metrics (warm-up included): turns cut "
+        f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
+        f"{recalls:,.0f} (mean {recall_ms:.1f} ms), memories injected "
+        f"{m.get('ctxproxy_memory_recalled_total', 0):,.0f}; knowledge cache hits "
+        f"{m.get('ctxproxy_knowledge_cache_total[hit]', 0):,.0f}, misses "
+        f"{m.get('ctxproxy_knowledge_cache_total[miss]', 0):,.0f}; fail-open "
+        f"{m.get('ctxproxy_fail_open_total', 0):,.0f}; degraded "
+        f"{m.get('ctxproxy_degraded_total', 0):,.0f}"
+        + (f" ({', '.join(o.degraded)})" if o.degraded else "")
+        + f". Episodes stored after shutdown: {o.episodes:,}.",
+        "- Added latency is the difference of the quantiles of two runs of the same load "
+        "(straight to the upstream, then through the proxy), so it includes the CPU the "
+        "proxy takes from the client and the upstream on the same two cores.",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(text: str) -> None:
+    """Replace this benchmark's block in RESULTS.md, leaving every other section alone."""
+    block = f"{BEGIN}\n{text}\n{END}"
+    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        updated = head + block + rest.split(END, 1)[1]
+    else:
+        updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+    RESULTS.write_text(updated)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=200, help="concurrent sessions")
+    parser.add_argument("--seconds", type=float, default=60.0, help="through the proxy")
+    parser.add_argument("--direct-seconds", type=float, default=30.0, help="the baseline")
+    parser.add_argument("--warmup-seconds", type=float, default=5.0)
+    parser.add_argument("--turns", type=int, default=12, help="turns per thread")
+    parser.add_argument("--pace-ms", type=float, default=40.0,
+                        help="between the upstream's events (70 per answer)")
+    parser.add_argument("--quick", action="store_true", help="40 sessions, 10 s")
+    parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
+    parser.add_argument("--profile", type=Path, help="cProfile the proxy into this file")
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    if args.profile is not None:
+        args.no_write = True  # a profiled proxy is slower: its figures are not the product's
+    if args.quick:
+        args.sessions, args.seconds, args.direct_seconds, args.warmup_seconds = 40, 10, 5, 2
+    return args
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-load-") as tmp:
+        outcome = await measure(args, Path(tmp))
+    text = report(outcome, args, time.monotonic() - began)
+    print(text)
+    errors = sum(outcome.proxied.errors.values())
+    if errors:
+        print("\nfirst errors:\n  " + "\n  ".join(outcome.proxied.first_errors))
+        print("\nproxy log (tail):\n" + outcome.log_tail)
+    if not args.no_write:
+        write_results(text)
+        print(f"\nwritten to {RESULTS}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
