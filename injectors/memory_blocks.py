@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import re
 import time
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from lxml import etree
 
@@ -147,6 +149,44 @@ class Snippet:
     match: float  # the share of the question's words its best line holds (with its call)
 
 
+_NONE: frozenset[str] = frozenset()
+
+
+def _line_words(text: str, wanted: set[str]) -> list[frozenset[str]]:
+    """For each line of ``text``, the ``wanted`` words it holds.
+
+    Most lines of a long output share no word with a question, so each word is looked for in
+    the whole text (str.find runs in C), and an occurrence counts where it stands as a whole
+    word, as ``terms`` would split it.
+    """
+    low = text.lower()
+    low_lines = low.split("\n")  # lower() never adds or removes a line break
+    out = [_NONE] * len(low_lines)
+    if not wanted:
+        return out
+    starts = list(accumulate((len(line) + 1 for line in low_lines), initial=0))
+    found: dict[int, set[str]] = {}
+    end = len(low)
+    for word in wanted:
+        at = low.find(word)
+        while at >= 0:
+            after = at + len(word)
+            alone = at == 0 or not _in_word(low[at - 1])
+            if alone and (after == end or not _in_word(low[after])):
+                n = bisect_right(starts, at) - 1
+                found.setdefault(n, set()).add(word)
+                at = low.find(word, starts[n + 1])  # one is enough: on to the next line
+            else:
+                at = low.find(word, at + 1)
+    for n, words in found.items():
+        out[n] = frozenset(words)
+    return out
+
+
+def _in_word(char: str) -> bool:
+    return char.isalnum()  # what memory.words' [^\W_] matches
+
+
 def snippet(
     text: str, query: str, max_tokens: int = SNIPPET_TOKENS,
     count: Callable[[str], int] = tokens.count,
@@ -163,11 +203,7 @@ def snippet(
     order = terms(query)
     wanted = set(order)
     lines = text.split("\n")
-    # A substring test first: most lines of a long output share no word with a question.
-    words_of = [
-        set(terms(low, limit=256)) & wanted if any(w in low for w in wanted) else set()
-        for low in (line.lower() for line in lines)
-    ]
+    words_of = _line_words(text, wanted)
     contexts = _contexts(lines)
     match = 0.0
     for n, words in enumerate(words_of):

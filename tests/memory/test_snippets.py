@@ -263,3 +263,17 @@ async def test_a_question_that_matches_nothing_well_gets_no_recall_block(
     assert developer_memory(vague) == []  # one word of six: under the gate
     ((_, block),) = developer_memory(sharp)
     assert "PostgreSQL 15 on port 5433" in block
+
+
+def test_line_words_agree_with_how_terms_splits_words() -> None:
+    from injectors.memory_blocks import _line_words
+    from memory.words import terms
+
+    text = "\n".join([
+        "the port is 5433", "support ticket", "PORT_X and x-port", "pörtal port", "", "5433port",
+    ])
+    wanted = set(terms("port 5433 pörtal"))
+    expected = [frozenset(set(terms(line.lower(), limit=256)) & wanted)
+                for line in text.split("\n")]
+    assert _line_words(text, wanted) == expected
+    assert expected[1] == frozenset() and expected[2] == {"port"}  # 'support' is not 'port'
