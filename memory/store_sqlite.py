@@ -227,7 +227,8 @@ class SqliteStore:
                 stored.append(_memory(db.execute(_UPSERT, row).fetchone()))
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # a failed COMMIT may have rolled back already
+                db.execute("ROLLBACK")
             raise
         return stored
 
@@ -377,7 +378,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
             conn.execute(f"PRAGMA user_version = {int(version)}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 
 

@@ -197,11 +197,6 @@ async def test_sqlite_journal_made_unwritable_keeps_requests_flowing_then_catche
                                   blocks_while_broken=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "memory/store_sqlite.py SqliteStore._upsert: when COMMIT fails with a disk I/O error, "
-    "SQLite has already rolled the transaction back, so the ROLLBACK in the except clause "
-    "raises 'cannot rollback - no transaction is active' and that error replaces the real "
-    "one: the degraded warning (and StoreError) never name the disk I/O error"))
 @pytest.mark.usefixtures("quick_busy_timeout")
 async def test_an_unwritable_journal_is_reported_with_its_real_cause(
     upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path,
