@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
-from memory.store_sqlite import BUDGET, MAX_WORDS, RECENT, bound
+from memory.search import BUDGET, MAX_WORDS, RECENT, bound
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 

@@ -16,16 +16,16 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
+from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
 from memory.words import terms
 
-__all__ = ["BUDGET", "MAX_WORDS", "MIGRATIONS", "RECENT", "Bounds", "SqliteStore", "bound"]
+__all__ = ["MIGRATIONS", "SqliteStore"]
 
 T = TypeVar("T")
 
@@ -121,17 +121,10 @@ _MATCH = "SELECT rowid FROM memories_fts WHERE memories_fts MATCH"
 _FILTERS = """m.service_id = :service AND m.team_id = :team AND m.agent_id = :agent
     AND m.user_ref = :user AND (m.expires_at IS NULL OR m.expires_at > :now)
     AND m.type IN (:types)"""
-# Search at scale. Ranking every match of a question is what made recall slow (hundreds of
-# ms at 100k memories): a common word matches a good part of a store. So the candidates are
-# bounded first (``bound``): every match of the question's rarer words, up to BUDGET rows,
-# and the newest RECENT matches of its commoner words; then they are ranked exactly. Below
-# BUDGET matches (a store of modest size) that is every match. The work stays inside SQLite
-# (three statements, a few dozen rows back): each row that crosses into Python costs a turn
-# of the GIL, and under load the event loop holds it.
-BUDGET = 1000
-RECENT = 200
+# Search at scale: see memory/search.py for the bounding policy. The work stays inside
+# SQLite (three statements, a few dozen rows back): each row that crosses into Python costs a
+# turn of the GIL, and under load the event loop holds it.
 _RECENT_SCAN = 2000
-MAX_WORDS = 8  # the rarest words of a long prompt are enough to rank by
 # BM25: matches of rare words count for more, long records for less. Term frequencies are
 # read from the text of the best _RERANK candidates only.
 _K1, _B = 1.2, 0.75
@@ -395,31 +388,6 @@ def _statements(script: str) -> list[str]:
     if buffer.strip():
         out.append(buffer.strip())
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """How a search reads a question's words (by index)."""
-
-    rare: tuple[int, ...]  # every match of these words is a candidate
-    common: tuple[int, ...]  # of these only the newest matches are
-
-
-def bound(df: Sequence[int], budget: int) -> Bounds:
-    """Spend ``budget`` candidate rows on the rarest words first (``df``: matches per word).
-
-    The rare words are what tell one memory from another; a word too common to fit says
-    little, and its newest matches are the likeliest of its many to matter.
-    """
-    order = sorted(range(len(df)), key=lambda i: (df[i], i))
-    spent = 0
-    rare: list[int] = []
-    for i in order:
-        if spent + df[i] > budget:
-            break
-        rare.append(i)
-        spent += df[i]
-    return Bounds(tuple(rare), tuple(i for i in order if i not in rare))
 
 
 def _rarest(db: sqlite3.Connection, words: Sequence[str]) -> tuple[int, list[tuple[int, str]]]:
