@@ -34,6 +34,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import _session
+from bench._results import RESULTS, write_block
 from bench._upstream import answer_events
 from bench.overhead import (
     Client,
@@ -47,7 +48,6 @@ from bench.overhead import (
     stop,
 )
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## Knowledge discovery"
 BEGIN, END = "<!-- knowledge:begin (written by bench/knowledge.py) -->", "<!-- knowledge:end -->"
 TURNS = 30
@@ -156,15 +156,7 @@ def report(ttfb: dict[str, list[float]], first_timeout: float, requests: int) ->
 
 
 def write_results(text: str) -> None:
-    """Replace this benchmark's block in RESULTS.md, leaving every other section alone."""
-    block = f"{BEGIN}\n{text}\n{END}"
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        updated = head + block + rest.split(END, 1)[1]
-    else:
-        updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    RESULTS.write_text(updated)
+    write_block(SECTION, BEGIN, END, text)
 
 
 async def run(workdir: Path, requests: int) -> tuple[dict[str, list[float]], float]:

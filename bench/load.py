@@ -42,11 +42,11 @@ import aiohttp
 import orjson
 
 from bench import _session
+from bench._results import RESULTS, write_block
 from bench._upstream import answer_events
 from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
 from memory.store_sqlite import SqliteStore
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## Load"
 BEGIN, END = "<!-- load:begin (written by bench/load.py) -->", "<!-- load:end -->"
 TEAM = "team-load"
@@ -405,15 +405,7 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
 
 
 def write_results(text: str) -> None:
-    """Replace this benchmark's block in RESULTS.md, leaving every other section alone."""
-    block = f"{BEGIN}\n{text}\n{END}"
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        updated = head + block + rest.split(END, 1)[1]
-    else:
-        updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    RESULTS.write_text(updated)
+    write_block(SECTION, BEGIN, END, text)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -38,10 +38,10 @@ from typing import IO
 import aiohttp
 
 from bench import _components, _session
+from bench._results import RESULTS, write_block
 from bench._upstream import answer_events
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## Proxy overhead"
 BEGIN, END = "<!-- overhead:begin (written by bench/overhead.py) -->", "<!-- overhead:end -->"
 TURNS = 30
@@ -389,18 +389,7 @@ def machine() -> str:
 
 
 def write_results(text: str) -> None:
-    """Replace this benchmark's block in RESULTS.md, leaving every other section alone."""
-    block = f"{BEGIN}\n{text}\n{END}"
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        updated = head + block + rest.split(END, 1)[1]
-    elif SECTION in current:
-        head, rest = current.split(SECTION, 1)
-        updated = head + SECTION + "\n\n" + block + "\n" + rest
-    else:
-        updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    RESULTS.write_text(updated)
+    write_block(SECTION, BEGIN, END, text)
 
 
 # --- profile ---------------------------------------------------------------------------------

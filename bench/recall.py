@@ -45,6 +45,7 @@ import orjson
 from aiohttp import web
 
 from bench import _session
+from bench._results import RESULTS, write_block
 from bench._upstream import answer_events
 from config import Settings, load_settings
 from injectors import tokens
@@ -55,7 +56,6 @@ from proxy.assemble import build_app
 from proxy.pipeline import Step
 from proxy.request import Exchange
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## Memory recall"
 BEGIN, END = "<!-- recall:begin (appended by bench/recall.py) -->", "<!-- recall:end -->"
 
@@ -653,16 +653,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
 
 
 def write_results(text: str) -> None:
-    """Put this run in place of the last one inside the Memory recall section, leaving every
-    other section alone."""
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        rest = rest.split(END, 1)[1]
-        updated = head + BEGIN + "\n" + text + "\n" + END + rest
-    else:
-        updated = current.rstrip("\n") + f"\n\n{SECTION}\n\n{BEGIN}\n{text}\n{END}\n"
-    RESULTS.write_text(updated)
+    write_block(SECTION, BEGIN, END, text)
 
 
 if __name__ == "__main__":
