@@ -5,6 +5,7 @@ from __future__ import annotations
 from injectors.instructions import append_block
 from injectors.knowledge_block import render
 from knowledge.client import Discovery
+from proxy.pipeline import is_compaction
 from proxy.request import Exchange
 
 __all__ = ["KnowledgeStep"]
@@ -25,7 +26,10 @@ class KnowledgeStep:
 
     async def __call__(self, ex: Exchange) -> None:
         who = ex.identity
-        if not who.team_id or _is_compaction(ex):
+        # A compaction summarises the history; tools it cannot call would only add noise.
+        # (Requests with previous_response_id do get the block: instructions are not carried
+        # over from the previous response.)
+        if not who.team_id or is_compaction(ex):
             return
         assets = await self.discovery.assets(who.team_id, who.agent_id, who.user_key)
         block = render(assets, service_id=self.service_id, session_id=who.session_id)
@@ -34,16 +38,3 @@ class KnowledgeStep:
         ex.body = append_block(ex.body, block)
         ex.changed = True
         ex.notes["knowledge_assets"] = len(assets)
-
-
-def _is_compaction(ex: Exchange) -> bool:
-    # A compaction summarises the history; tools it cannot call would only add noise. (Unlike
-    # the window, requests with previous_response_id do get the block: instructions are not
-    # carried over from the previous response.)
-    if ex.identity.request_kind == "compaction":
-        return True
-    items = ex.items
-    if not items:
-        return False
-    last = items[-1]
-    return isinstance(last, dict) and last.get("type") == "compaction_trigger"

@@ -107,8 +107,11 @@ def budget_drop(items: Sequence[Any], starts: Sequence[int], keep: int, at_token
 
 def untouchable(ex: Exchange) -> bool:
     """Requests whose history belongs to someone else: the server's, or a compaction's."""
-    if ex.body.get("previous_response_id"):
-        return True
+    return bool(ex.body.get("previous_response_id")) or is_compaction(ex)
+
+
+def is_compaction(ex: Exchange) -> bool:
+    """A Codex compaction request: by its turn metadata, or a trailing compaction_trigger."""
     if ex.identity.request_kind == "compaction":
         return True
     items = ex.items or []
