@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,6 +12,9 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "CTXPROXY_"
+# CTXPROXY_* variables that are not settings: the test suite's own (not read by ctxproxy).
+NOT_SETTINGS_PREFIXES = ("CTXPROXY_TEST_", "CTXPROXY_E2E_")
+STORE_SCHEMES = ("postgresql://", "postgres://")
 SERVICE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
 
 
@@ -148,6 +152,18 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    @field_validator("store_url")
+    @classmethod
+    def _store_scheme(cls, value: str | None) -> str | None:
+        if not value:  # CTXPROXY_STORE_URL= (set but empty) means unset: the local SQLite store
+            return None
+        if not value.startswith(STORE_SCHEMES):
+            # Falling back to SQLite would quietly stop replicas sharing memory.
+            raise ValueError(
+                "must start with postgresql:// or postgres:// (unset: the local SQLite store)"
+            )
+        return value
+
     @field_validator("client_keys")
     @classmethod
     def _keys_file_exists(cls, value: str | None) -> str | None:
@@ -197,7 +213,26 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         if not err["loc"]:  # a rule across settings: its message names them
             raise SettingsError(str(err["msg"]).removeprefix("Value error, ")) from exc
         name = ENV_PREFIX + str(err["loc"][0]).upper()
-        raise SettingsError(f"{name}: {err['msg']}") from exc
+        raise SettingsError(f"{name}: {str(err['msg']).removeprefix('Value error, ')}") from exc
+
+
+def unknown_settings(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """(variable, closest known variable or None) for each ``CTXPROXY_*`` that is no setting.
+
+    Unknown variables are ignored, so a misspelled one would pass silently: start-up warns.
+    """
+    source = os.environ if env is None else env
+    known = [name.upper() for name in Settings.model_fields]
+    found = []
+    for name in sorted(source):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper.startswith(NOT_SETTINGS_PREFIXES):
+            continue
+        if name.removeprefix(ENV_PREFIX) not in known:
+            # Compared without the prefix, which every name shares and would make all close.
+            close = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), known, n=1)
+            found.append((name, ENV_PREFIX + close[0] if close else None))
+    return found
 
 
 def describe_settings() -> list[tuple[str, str, str]]:

@@ -7,9 +7,12 @@ from memory.model import Store
 
 
 def make_store(settings: Settings) -> Store:
-    """PostgreSQL when ``CTXPROXY_STORE_URL`` is set (replicas share it), else SQLite."""
+    """PostgreSQL when ``CTXPROXY_STORE_URL`` is set (replicas share it), else SQLite.
+
+    Settings refuses any other scheme, so a set URL is never silently replaced by SQLite.
+    """
     url = settings.store_url
-    if url and url.startswith(("postgresql://", "postgres://")):
+    if url:
         from memory.store_pg import PostgresStore
 
         return PostgresStore(url)

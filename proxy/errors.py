@@ -33,6 +33,12 @@ class BodyTooLarge(ProxyError):
     code = "request_too_large"
 
 
+class UnsupportedEncoding(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
 class UpstreamUnreachable(ProxyError):
     status = 502
     type = "upstream_error"
@@ -49,6 +55,12 @@ class Unauthorized(ProxyError):
     status = 401
     type = "invalid_request_error"
     code = "invalid_api_key"
+
+
+class ClientClosed(Exception):
+    """The client hung up while the answer was being relayed: nothing more can be sent."""
+
+    status = 499  # nginx's "client closed request", for the access log and metrics
 
 
 def error_body(message: str, type_: str, code: str) -> bytes:

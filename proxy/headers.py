@@ -48,10 +48,18 @@ def _copy(headers: CIMultiDictProxy[str], drop: Iterable[str]) -> CIMultiDict[st
 
 
 def request_headers(
-    headers: CIMultiDictProxy[str], upstream_authorization: str | None
+    headers: CIMultiDictProxy[str],
+    upstream_authorization: str | None,
+    *,
+    body_decoded: bool = False,
 ) -> CIMultiDict[str]:
-    """End-to-end request headers for the upstream; the configured key replaces the client's."""
-    out = _copy(headers, ("authorization",) if upstream_authorization else ())
+    """End-to-end request headers for the upstream; the configured key replaces the client's.
+
+    ``body_decoded``: the body goes out decoded, so its Content-Encoding no longer applies
+    (and Content-Length, dropped with the hop-by-hop ones, is recomputed by the client).
+    """
+    drop = ("authorization",) if upstream_authorization else ()
+    out = _copy(headers, (*drop, "content-encoding") if body_decoded else drop)
     for name, value in out.items():
         if not value.isascii() and not _utf8(value):
             # aiohttp decoded bytes that are not UTF-8 to surrogates, and its client would

@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 
+from proxy.bodies import StreamDecoder
+
 _COMPLETED = b"response.completed"
 _MAX_TAIL = 8 * 1024 * 1024
 
@@ -17,12 +19,22 @@ class UsageTap:
     so it costs a substring search per chunk and never delays the relay.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, content_encoding: str | None = None) -> None:
         self._tail = bytearray()
         self._seen = False
         self._pending = b""  # the current, unfinished event
+        # A compressed stream is decoded for reading only; the relayed bytes stay as sent.
+        self._decoder = StreamDecoder(content_encoding) if content_encoding else None
 
     def feed(self, chunk: bytes) -> None:
+        """Watch one relayed chunk, as the upstream sent it (decoded here if compressed)."""
+        if self._decoder is None:
+            self._scan(chunk)
+            return
+        for piece in self._decoder.decode(chunk):
+            self._scan(piece)
+
+    def _scan(self, chunk: bytes) -> None:
         if self._seen:
             if len(self._tail) < _MAX_TAIL:
                 self._tail += chunk

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from proxy.bodies import SERVER_OPTIONS
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -25,7 +27,9 @@ class Running:
 
 
 async def serve(app: web.Application, port: int | None = None) -> Running:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2)
+    # SERVER_OPTIONS as ctxproxy serve uses them; the fake upstream so records bodies as sent.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2,
+                           **SERVER_OPTIONS)
     await runner.setup()
     port = port or free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
