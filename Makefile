@@ -20,9 +20,11 @@ run: $(STAMP)
 test: $(STAMP)
 	@. scripts/services.sh && $(BIN)/pytest $(PYTEST_ARGS)
 
+## ruff, mypy (strict) and the import layers (import-linter, contracts in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.overhead

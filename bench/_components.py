@@ -24,12 +24,12 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from bench import _session
 from bench._upstream import answer_events
 from config import load_settings
+from config.logs import JsonFormatter, fields
 from proxy.headers import request_headers, response_headers
-from proxy.logs import JsonFormatter, fields
 from proxy.metrics import Metrics
-from proxy.request import Exchange, has_lossy_number
 from proxy.sse import UsageTap
-from proxy.window import window
+from request import Exchange, has_lossy_number
+from window.policy import window
 
 TURNS = 30
 

@@ -39,7 +39,7 @@ from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
 from proxy.assemble import build_app
 from proxy.sse import parse_events
-from proxy.window import message_text, turn_starts
+from request import History, message_text
 
 Item = dict[str, Any]
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"
@@ -77,7 +77,7 @@ def load_shapes(path: Path = FIXTURES / SHAPE) -> Shapes:
     data = orjson.loads(path.read_bytes())
     body, headers = data["body"], data["headers"]
     items = body["input"]
-    context = items[: turn_starts(items)[0]]
+    context = items[: History(items).starts[0]]
     keep = ("x-codex-beta-features", "originator", "User-Agent", "Accept", "Content-Type")
     return Shapes(
         context=context,
@@ -315,7 +315,7 @@ class ScriptedModel:
 
     def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
         items = body.get("input") or []
-        starts = turn_starts(items)
+        starts = History(items).starts
         turn = self.turns.get(message_text(items[starts[-1]])) if starts else None
         if turn is None:  # not a session request (a side call of the proxy): billed, echoed
             self.turn_of.append(0)

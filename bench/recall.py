@@ -51,10 +51,9 @@ from config import Settings, load_settings
 from injectors import tokens
 from memory.model import Memory, MemoryType, Scope, Store, user_ref
 from memory.stores import make_store
-from proxy.app import STEPS
+from proxy.app import PIPELINE
 from proxy.assemble import build_app
-from proxy.pipeline import Step
-from proxy.request import Exchange
+from request import Exchange, Step
 
 SECTION = "## Memory recall"
 BEGIN, END = "<!-- recall:begin (appended by bench/recall.py) -->", "<!-- recall:end -->"
@@ -449,7 +448,7 @@ async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_fact
     proxy, proxy_url = await _serve(app)
     started = time.time()
     try:
-        steps = app[STEPS]
+        steps = app[PIPELINE].steps
         found = [i for i, s in enumerate(steps) if "memory" in s.name]
         timed: Timed | None = None
         if found:

@@ -11,12 +11,37 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
+from typing import Protocol
 
 from lxml import etree
 
-from knowledge.model import Asset, KnowledgeItem
+__all__ = ["GUIDANCE", "Listed", "Ranked", "curl_command", "render"]
 
-__all__ = ["GUIDANCE", "curl_command", "render"]
+
+class Listed(Protocol):
+    """One knowledge asset as the block lists it (``knowledge.model.KnowledgeItem`` is one)."""
+
+    @property
+    def knowledge_id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def service_url(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def summary(self) -> str | None: ...
+    @property
+    def repo_slug(self) -> str | None: ...
+
+
+class Ranked(Protocol):
+    """An asset and the priority it is listed by (``knowledge.model.Asset`` is one)."""
+
+    @property
+    def item(self) -> Listed: ...
+    @property
+    def priority(self) -> int: ...
 
 TAG = "knowledge_tools"
 MAX_NAME = 200
@@ -55,12 +80,12 @@ def curl_command(
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
-def _example_call(item: KnowledgeItem) -> dict[str, object]:
+def _example_call(item: Listed) -> dict[str, object]:
     query = "what you are looking for"
     return {"knowledge_id": item.knowledge_id, "tool_name": "search", "params": {"query": query}}
 
 
-def _knowledge(item: KnowledgeItem, service_id: str, session_id: str | None) -> etree._Element:
+def _knowledge(item: Listed, service_id: str, session_id: str | None) -> etree._Element:
     el = etree.Element("knowledge")
     el.set("id", item.knowledge_id)
     el.set("type", item.type)
@@ -80,13 +105,13 @@ def _knowledge(item: KnowledgeItem, service_id: str, session_id: str | None) -> 
     return el
 
 
-def render(assets: Sequence[Asset], *, service_id: str, session_id: str | None) -> str | None:
-    """The block for ``assets`` (sorted by priority then id), or None when there are none."""
+def render(assets: Sequence[Ranked], *, service_id: str, session_id: str | None) -> str | None:
+    """The block for ``assets`` (by priority, then id), or None when there are none."""
     if not assets:
         return None
     root = etree.Element(TAG)
     etree.SubElement(root, "guidance").text = GUIDANCE
-    for asset in sorted(assets, key=lambda a: a.sort_key):
+    for asset in sorted(assets, key=lambda a: (-a.priority, a.item.knowledge_id)):
         root.append(_knowledge(asset.item, service_id, session_id))
     text: str = etree.tostring(root, encoding="unicode", pretty_print=True)
     return text.rstrip("\n")

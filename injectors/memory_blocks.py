@@ -4,38 +4,46 @@ Pure. Each memory is one ``<memory>`` element tagged with its type and id, so th
 tell a session constraint from a long-term preference and quote an id back. Built with lxml,
 never by string concatenation: a memory's text cannot close its block early.
 
-A long memory (an episode with whole tool outputs) is shown as a ``snippet`` of the lines a
-question asks about, so that a recalled turn costs tens of tokens, not thousands.
+What a memory shows (a snippet of a long episode, say) is the caller's choice: render takes
+any record with the attributes of ``Shown``.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import time
-from bisect import bisect_right
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from itertools import accumulate
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from lxml import etree
 
-from injectors import tokens
-from memory.model import MEMORY_TYPES, Memory, MemoryType
-from memory.turns import INDENT
-from memory.words import terms
+__all__ = ["BLOCK_ORDER", "TAGS", "Shown", "block_overhead", "item", "render"]
 
-__all__ = [
-    "SNIPPET_TOKENS", "TAGS", "Snippet", "block_overhead", "item", "lines_of", "render", "snippet",
-]
 
-TAGS: dict[MemoryType, str] = {
+class Shown(Protocol):
+    """What a block shows of one memory (``memory.model.Memory`` is one)."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def memory_id(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def attrs(self) -> Mapping[str, Any]: ...
+    @property
+    def turn_index(self) -> int | None: ...
+    @property
+    def created_at(self) -> float: ...
+
+
+BLOCK_ORDER = ("working", "episodic", "semantic")
+TAGS: dict[str, str] = {
     "working": "working_memory",
     "episodic": "episodic_memory",
     "semantic": "semantic_memory",
 }
-NOTES: dict[MemoryType, str] = {
+NOTES: dict[str, str] = {
     "working": "This session's task and the user's constraints, from turns no longer shown.",
     "episodic": "Earlier turns that may bear on the newest request; they may be outdated.",
     "semantic": "Durable preferences and facts of this user and project.",
@@ -49,7 +57,7 @@ def _clean(text: str) -> str:
     return _NOT_XML.sub("", text)
 
 
-def _element(memory: Memory) -> etree._Element:
+def _element(memory: Shown) -> etree._Element:
     el = etree.Element("memory")
     el.set("type", memory.type)
     el.set("id", memory.memory_id)
@@ -67,28 +75,28 @@ def _string(el: etree._Element) -> str:
     return str(etree.tostring(el, encoding="unicode"))
 
 
-def item(memory: Memory) -> str:
+def item(memory: Shown) -> str:
     """One memory as it appears inside its block (what the token budget counts)."""
     return _string(_element(memory))
 
 
-def _wrapper(kind: MemoryType) -> etree._Element:
+def _wrapper(kind: str) -> etree._Element:
     block = etree.Element(TAGS[kind])
     block.set("note", NOTES[kind])
     block.text = "\n"
     return block
 
 
-def block_overhead(kind: MemoryType) -> str:
+def block_overhead(kind: str) -> str:
     """An empty block of ``kind``: what a block costs before its first memory."""
     return _string(_wrapper(kind))
 
 
-def render(memories: Sequence[Memory]) -> str:
+def render(memories: Sequence[Shown]) -> str:
     """One block per type present (working, episodic, semantic), memories in the given order
     within each; '' when there are none."""
     blocks = []
-    for kind in MEMORY_TYPES:
+    for kind in BLOCK_ORDER:
         members = [m for m in memories if m.type == kind]
         if not members:
             continue
@@ -99,166 +107,3 @@ def render(memories: Sequence[Memory]) -> str:
             block.append(el)
         blocks.append(_string(block))
     return "\n".join(blocks)
-
-
-# --- snippets ---------------------------------------------------------------------------------
-
-SNIPPET_TOKENS = 160  # what one recalled memory may take at most
-MAX_LINES = 4  # matching lines a snippet shows at most (each with the call that printed it)
-LINE_CHARS = 240  # a shown line longer than this is cut around its first matching word
-GAP = INDENT + "…"
-
-
-def _cut(line: str, words: Sequence[str]) -> str:
-    """``line`` within about LINE_CHARS: its start, or when the earliest of ``words`` it holds
-    stands further in, its head ("Tool call NAME: " or the indent) and the stretch around
-    that word."""
-    if len(line) <= LINE_CHARS:
-        return line
-    lower = line.lower()
-    at = min((p for p in (lower.find(w) for w in words) if p >= 0), default=0)
-    if at < LINE_CHARS * 2 // 3:
-        return line[: LINE_CHARS - 1] + "…"
-    lead = INDENT if line.startswith(INDENT) else line.split(": ", 1)[0][:60] + ": "
-    start = at - LINE_CHARS // 3
-    return lead + "…" + line[start : start + LINE_CHARS - len(lead) - 2] + "…"
-
-
-def _contexts(lines: Sequence[str]) -> list[int | None]:
-    """For each line, the line that says where it comes from: for a line of a tool's output
-    the call that printed it, for another continuation line its entry's head; None for a
-    head (a line that is not indented) itself."""
-    out: list[int | None] = []
-    head = call = 0
-    for n, line in enumerate(lines):
-        if not line.startswith(INDENT):
-            # Render puts each output right after its call: the call is the entry before.
-            call = head if line.startswith("Tool output ") else n
-            head = n
-            out.append(None)
-        else:
-            out.append(call if lines[call].startswith("Tool call ") else head)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Snippet:
-    """What a recall block shows of a memory for one question, and how well it matches."""
-
-    text: str
-    match: float  # the share of the question's words its best line holds (with its call)
-
-
-_NONE: frozenset[str] = frozenset()
-
-
-def _line_words(text: str, wanted: set[str]) -> list[frozenset[str]]:
-    """For each line of ``text``, the ``wanted`` words it holds.
-
-    Most lines of a long output share no word with a question, so each word is looked for in
-    the whole text (str.find runs in C), and an occurrence counts where it stands as a whole
-    word, as ``terms`` would split it.
-    """
-    low = text.lower()
-    low_lines = low.split("\n")  # lower() never adds or removes a line break
-    out = [_NONE] * len(low_lines)
-    if not wanted:
-        return out
-    starts = list(accumulate((len(line) + 1 for line in low_lines), initial=0))
-    found: dict[int, set[str]] = {}
-    end = len(low)
-    for word in wanted:
-        at = low.find(word)
-        while at >= 0:
-            after = at + len(word)
-            alone = at == 0 or not _in_word(low[at - 1])
-            if alone and (after == end or not _in_word(low[after])):
-                n = bisect_right(starts, at) - 1
-                found.setdefault(n, set()).add(word)
-                at = low.find(word, starts[n + 1])  # one is enough: on to the next line
-            else:
-                at = low.find(word, at + 1)
-    for n, words in found.items():
-        out[n] = frozenset(words)
-    return out
-
-
-def _in_word(char: str) -> bool:
-    return char.isalnum()  # what memory.words' [^\W_] matches
-
-
-def snippet(
-    text: str, query: str, max_tokens: int = SNIPPET_TOKENS,
-    count: Callable[[str], int] = tokens.count,
-) -> Snippet:
-    """The lines of a memory's ``text`` that a question needs, within ``max_tokens``.
-
-    The whole text when it fits. Otherwise its first line (the turn's prompt), then the lines
-    that match ``query`` best (at most MAX_LINES, none under half the best line's match),
-    each with the call that printed it, in their original order, '…' where lines were left
-    out; with no line in common, the first lines. A line's match weighs each query word it
-    holds by how few lines hold it: the line with the word few lines have is the answer.
-    Deterministic: the same memory and question give the same bytes.
-    """
-    order = terms(query)
-    wanted = set(order)
-    lines = text.split("\n")
-    words_of = _line_words(text, wanted)
-    contexts = _contexts(lines)
-    match = 0.0
-    for n, words in enumerate(words_of):
-        at = contexts[n]
-        if words and wanted:
-            held = words | words_of[at] if at is not None else words
-            match = max(match, len(held) / len(wanted))
-    # A token covers one character at least and rarely more than a dozen: skip counting
-    # a text that is surely short, or surely long.
-    if len(text) <= max_tokens or (len(text) < 12 * max_tokens and count(text) <= max_tokens):
-        return Snippet(text, match)
-    df = Counter(w for ws in words_of for w in ws)
-    weight = {w: math.log(1 + len(lines) / k) for w, k in df.items()}
-    scores = [sum(weight[w] for w in ws) for ws in words_of]
-    best = max(scores[1:], default=0.0)
-    matched = sorted((n for n in range(1, len(lines)) if scores[n] > 0 and scores[n] >= best / 2),
-                     key=lambda n: (-scores[n], n))[:MAX_LINES]
-    present = [w for w in order if w in df]
-    shown: dict[int, str] = {}
-
-    def cost(n: int) -> int:
-        if n not in shown:
-            shown[n] = _cut(lines[n], present)
-        return count(shown[n]) + 1  # and its line break
-
-    used = cost(0)
-    if used > max_tokens:
-        return Snippet(shown[0][: max(max_tokens, 1)], match)
-    chosen = {0}
-    # With no line in common, the first lines in order; when only the prompt matches, the
-    # prompt alone.
-    for n in matched or (range(1, len(lines)) if scores[0] == 0 else ()):
-        with_call = [m for m in (contexts[n], n) if m is not None and m not in chosen]
-        for group in (with_call, [n]):  # with the call that printed it, else alone
-            price = sum(cost(m) + 2 for m in group)  # and a gap mark
-            if used + price <= max_tokens:
-                chosen.update(group)
-                used += price
-                break
-        else:
-            if not matched:
-                break  # in order: no gaps
-    out: list[str] = []
-    last = -1
-    for n in sorted(chosen):
-        if n != last + 1:
-            out.append(GAP)
-        out.append(shown[n])
-        last = n
-    if last != len(lines) - 1:
-        out.append(GAP)
-    return Snippet("\n".join(out), match)
-
-
-def lines_of(text: str) -> frozenset[str]:
-    """The lines a memory's text shows (gap marks aside): what a later snippet of the same
-    memory adds nothing to when it shows no other line."""
-    return frozenset(line for line in text.split("\n") if line != GAP)

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
+from cachetools import LRUCache
+
 __all__ = ["How", "TtlCache"]
 
 K = TypeVar("K", bound=Hashable)
@@ -27,9 +29,8 @@ class TtlCache(Generic[K, V]):
     def __init__(
         self, *, max_entries: int = 4096, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._entries: dict[K, _Entry[V]] = {}
+        self._entries: LRUCache[K, _Entry[V]] = LRUCache(max_entries)
         self._inflight: dict[K, asyncio.Task[V]] = {}
-        self._max = max_entries
         self._clock = clock
 
     async def get(self, key: K, load: Callable[[], Awaitable[tuple[V, float]]]) -> tuple[V, How]:
@@ -56,14 +57,7 @@ class TtlCache(Generic[K, V]):
             self._inflight.pop(key, None)
 
     def _store(self, key: K, value: V, ttl: float) -> None:
-        now = self._clock()
-        self._entries.pop(key, None)
-        if len(self._entries) >= self._max:
-            for old in [k for k, e in self._entries.items() if e.expires <= now]:
-                del self._entries[old]
-        while len(self._entries) >= self._max:
-            del self._entries[next(iter(self._entries))]  # the oldest insertion
-        self._entries[key] = _Entry(value, now + ttl)
+        self._entries[key] = _Entry(value, self._clock() + ttl)
 
     async def close(self) -> None:
         """Cancel loads still running (at shutdown) and wait for them to end."""

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from config import Settings
-from knowledge.store import FILENAME, Catalogue, user_digest
+from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import read_pages
+from request import user_digest
 
 Command = Callable[[Settings, argparse.Namespace], int]
 

@@ -8,7 +8,6 @@ remembered for the negative TTL, so a dead core costs one timeout per TTL, not o
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,7 +16,9 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 import orjson
+from prometheus_client import Counter
 
+from config.logs import fields
 from knowledge.cache import TtlCache
 from knowledge.model import (
     DEFAULT_PRIORITY,
@@ -28,8 +29,7 @@ from knowledge.model import (
     parse_binding,
     parse_item,
 )
-from proxy.logs import fields
-from proxy.metrics import Metrics
+from request import user_digest
 
 __all__ = ["MAX_IDS", "Core", "CoreError", "Discovery", "HttpCore"]
 
@@ -173,7 +173,7 @@ class Found:
     failed: bool = False
 
 
-CacheKey = tuple[str, str, str | None, str | None]
+CacheKey = tuple[str, str, str | None, str]
 
 
 class Discovery:
@@ -187,7 +187,8 @@ class Discovery:
         timeout_s: float,
         ttl_s: float,
         negative_ttl_s: float,
-        metrics: Metrics | None = None,
+        lookups: Counter | None = None,
+        failures: Counter | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.core = core
@@ -195,7 +196,8 @@ class Discovery:
         self.timeout_s = timeout_s
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self.metrics = metrics
+        self._lookups = lookups  # labelled by result: hit, miss, shared, negative_hit
+        self._failures = failures
         self._cache: TtlCache[CacheKey, Found] = TtlCache(clock=clock)
 
     async def assets(
@@ -207,16 +209,15 @@ class Discovery:
         if not (agent_id and user_key):
             agent_id = user_key = None  # the team-wide path: one cache entry per team
         # The cache holds a digest, not the user key itself.
-        digest = hashlib.sha256(user_key.encode()).hexdigest() if user_key else None
-        key: CacheKey = (self.service_id, team_id, agent_id, digest)
+        key: CacheKey = (self.service_id, team_id, agent_id, user_digest(user_key))
 
         async def load() -> tuple[Found, float]:
             return await self._load(team_id, agent_id, user_key)
 
         found, how = await self._cache.get(key, load)
-        if self.metrics is not None:
+        if self._lookups is not None:
             label = "negative_hit" if how == "hit" and found.failed else how
-            self.metrics.knowledge_cache.labels(label).inc()
+            self._lookups.labels(label).inc()
         return found.assets
 
     async def close(self) -> None:
@@ -233,8 +234,8 @@ class Discovery:
                 "knowledge discovery failed, no block this time",
                 extra=fields(call=exc.call, reason=exc.reason, team_id=team_id),
             )
-            if self.metrics is not None:
-                self.metrics.degraded.labels("knowledge").inc()
+            if self._failures is not None:
+                self._failures.inc()
             return Found((), failed=True), self.negative_ttl_s
         return Found(assets), self.ttl_s
 

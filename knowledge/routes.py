@@ -20,7 +20,6 @@ from aiohttp import web
 
 from config.settings import SERVICE_ID_PATTERN
 from knowledge.service import EmbeddedCore, ServiceError
-from proxy.app import LOG_FIELDS, SETTINGS
 
 __all__ = ["EMBEDDED", "add_routes"]
 
@@ -41,21 +40,22 @@ def envelope(code: int, message: str, data: Any = None) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
-def _authorised(request: web.Request) -> bool:
-    token = request.app[SETTINGS].core_token
+def _authorised(request: web.Request, token: str | None) -> bool:
     if token is None:
         return True
-    expected = f"Bearer {token.get_secret_value()}".encode()
+    expected = f"Bearer {token}".encode()
     return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
 
 
-def _route(op: Operation, *, needs_token: bool) -> Callable[[web.Request], Any]:
+def _route(op: Operation, *, token: str | None) -> Callable[[web.Request], Any]:
+    """A handler for ``op``; ``token`` is the core token its caller must present (None: no
+    token needed)."""
+
     async def handler(request: web.Request) -> web.Response:
-        request[LOG_FIELDS]["route"] = "knowledge"
         service_id = request.headers.get("x-tdai-service-id", "")
         if not _SERVICE_ID.match(service_id):
             return envelope(400, "x-tdai-service-id is missing or not ^[A-Za-z0-9_-]{1,200}$")
-        if needs_token and not _authorised(request):
+        if not _authorised(request, token):
             return envelope(401, "missing or wrong bearer token")
         try:
             body = orjson.loads(await request.read())
@@ -76,15 +76,22 @@ def _route(op: Operation, *, needs_token: bool) -> Callable[[web.Request], Any]:
     return handler
 
 
-def add_routes(app: web.Application) -> None:
-    """The four KERNEL_API.md paths; added before the proxy's catch-all passthrough."""
-    app.router.add_post("/v3/knowledge/list", _route(
-        lambda core, sid, headers, body: core.list_knowledge(sid, body), needs_token=True))
-    app.router.add_post("/v3/meta/agent-fixed-asset/list-with-detail", _route(
-        lambda core, sid, headers, body: core.agent_assets(
-            sid, headers.get("x-tdai-user-key"), body),
-        needs_token=True))
-    app.router.add_post("/v3/tools/list", _route(
-        lambda core, sid, headers, body: core.tools_list(sid, body), needs_token=False))
-    app.router.add_post("/v3/tools/call", _route(
-        lambda core, sid, headers, body: core.tools_call(sid, body), needs_token=False))
+ROUTE = "knowledge"  # the access log's route name
+
+
+def add_routes(app: web.Application, core_token: str | None) -> None:
+    """The four KERNEL_API.md paths; added before the proxy's catch-all passthrough. The
+    discovery calls need ``core_token`` when one is set; the tools never do."""
+    routes: list[tuple[str, str, Operation, str | None]] = [
+        ("/v3/knowledge/list", "list",
+         lambda core, sid, headers, body: core.list_knowledge(sid, body), core_token),
+        ("/v3/meta/agent-fixed-asset/list-with-detail", "agent_assets",
+         lambda core, sid, headers, body: core.agent_assets(
+             sid, headers.get("x-tdai-user-key"), body), core_token),
+        ("/v3/tools/list", "tools_list",
+         lambda core, sid, headers, body: core.tools_list(sid, body), None),
+        ("/v3/tools/call", "tools_call",
+         lambda core, sid, headers, body: core.tools_call(sid, body), None),
+    ]
+    for path, name, op, token in routes:
+        app.router.add_post(path, _route(op, token=token), name=f"{ROUTE}:{name}")

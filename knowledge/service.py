@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from knowledge.client import MAX_IDS, CoreError, parse_bindings, parse_items
 from knowledge.model import BoundAsset, KnowledgeItem
-from knowledge.store import Catalogue, user_digest
+from knowledge.store import Catalogue
+from request import user_digest
 
 __all__ = ["WIKI_TOOLS", "EmbeddedCore", "LocalCore", "ServiceError"]
 

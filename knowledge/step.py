@@ -5,8 +5,7 @@ from __future__ import annotations
 from injectors.instructions import append_block
 from injectors.knowledge_block import render
 from knowledge.client import Discovery
-from proxy.pipeline import is_compaction
-from proxy.request import Exchange
+from request import Exchange
 
 __all__ = ["KnowledgeStep"]
 
@@ -29,7 +28,7 @@ class KnowledgeStep:
         # A compaction summarises the history; tools it cannot call would only add noise.
         # (Requests with previous_response_id do get the block: instructions are not carried
         # over from the previous response.)
-        if not who.team_id or is_compaction(ex):
+        if not who.team_id or ex.is_compaction:
             return
         assets = await self.discovery.assets(who.team_id, who.agent_id, who.user_key)
         block = render(assets, service_id=self.service_id, session_id=who.session_id)
@@ -37,4 +36,4 @@ class KnowledgeStep:
             return
         ex.body = append_block(ex.body, block)
         ex.changed = True
-        ex.notes["knowledge_assets"] = len(assets)
+        ex.notes.knowledge_assets = len(assets)

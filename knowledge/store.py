@@ -6,7 +6,6 @@ One connection behind a lock; WAL so that the CLI can write while a server reads
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import sqlite3
 import threading
@@ -18,7 +17,7 @@ from typing import Any
 
 from knowledge.wiki import Page
 
-__all__ = ["FILENAME", "Catalogue", "SyncResult", "user_digest"]
+__all__ = ["FILENAME", "Catalogue", "SyncResult"]
 
 FILENAME = "knowledge.sqlite3"
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -70,11 +69,6 @@ CREATE TABLE IF NOT EXISTS bindings (
     PRIMARY KEY (service_id, agent_id, user_digest, knowledge_id)
 );
 """
-
-
-def user_digest(user_key: str) -> str:
-    """What the bindings are keyed by: a one-way digest, never the key itself."""
-    return hashlib.sha256(b"ctxproxy-user-key\0" + user_key.encode()).hexdigest()
 
 
 def _now() -> str:

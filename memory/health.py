@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from proxy.logs import fields
+from config.logs import fields
 
 __all__ = ["Health"]
 

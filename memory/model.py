@@ -7,12 +7,13 @@ backend.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from request import user_digest
 
 MemoryType = Literal["working", "episodic", "semantic"]
 MEMORY_TYPES: tuple[MemoryType, ...] = ("working", "episodic", "semantic")
@@ -32,11 +33,8 @@ def new_memory_id(now: float | None = None) -> str:
     return "mem_" + "".join(reversed(chars))
 
 
-def user_ref(user_key: str | None) -> str:
-    """The user part of a scope: a one-way digest of the user key, never the key itself."""
-    if not user_key:
-        return ""
-    return "u_" + hashlib.sha256(user_key.encode()).hexdigest()[:24]
+# The user part of a scope: a one-way digest of the user key, never the key itself.
+user_ref = user_digest
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ score = relevance x type weight x time decay. Two selections per turn:
 
 Each selection keeps at most ``k`` memories; the standing one gets at most half the token
 budget and the recalled one what is left. A recalled memory is shown as the snippet of its
-lines the question asks about (``memory_blocks.snippet``), and costs what the snippet costs.
+lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs.
 
 With ``min_score`` (``CTXPROXY_RECALL_MIN_SCORE``) a recalled memory needs one line that,
 with the command that printed it, holds at least that share of the question's words (a
@@ -29,8 +29,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from config import Settings
-from injectors.memory_blocks import SNIPPET_TOKENS, lines_of, snippet
 from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
+from memory.snippets import SNIPPET_TOKENS, lines_of, snippet
 
 __all__ = [
     "Candidate", "Recaller", "Weights", "decay", "mentioned_ids", "score", "select",

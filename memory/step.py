@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
-from collections import OrderedDict
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from cachetools import LRUCache
+from prometheus_client import Counter, Histogram
 
 from config import Settings
 from injectors import memory_blocks
@@ -28,14 +30,12 @@ from injectors.instructions import SEPARATOR, append_block
 from memory import turns as turns_
 from memory.health import Health
 from memory.ingest import Ingester
-from memory.model import Memory, Scope, StoreError, user_ref
+from memory.model import Memory, Scope, StoreError
 from memory.queue import WriteQueue
 from memory.recall import Recaller
+from memory.snippets import lines_of
 from memory.working import Working
-from proxy.metrics import Metrics
-from proxy.pipeline import untouchable
-from proxy.request import Exchange, Identity, Item
-from proxy.window import message_text, turn_starts
+from request import Exchange, Identity, Item, digest
 
 __all__ = ["MemoryStep", "Prepared", "scope_of"]
 
@@ -50,8 +50,7 @@ TurnKey = tuple[Scope, str, str, int]
 def scope_of(settings: Settings, identity: Identity) -> Scope:
     """Whose memory a request reads and writes."""
     return Scope(
-        settings.service_id, identity.team_id or "", identity.agent_id or "",
-        user_ref(identity.user_key),
+        settings.service_id, identity.team_id or "", identity.agent_id or "", identity.user
     )
 
 
@@ -84,14 +83,10 @@ def _forwarded_turns(
     ex: Exchange, scope: Scope, session: str
 ) -> list[tuple[int, TurnKey]]:
     """(position in the forwarded input, key) of each turn the request forwards."""
-    items = ex.items or []
-    starts = turn_starts(items)
-    # The window keeps the newest turns: the first forwarded one is the history's turn n.
-    total = ex.turns_in or len(turn_starts(ex.history))
-    first = total - len(starts)
+    keys = ex.history.prompt_keys(session)
+    first = ex.first_turn
     return [
-        (at, (scope, session, turns_.prompt_key(session, items[at]), first + n))
-        for n, at in enumerate(starts)
+        (at, (scope, session, keys[first + n], first + n)) for n, at in enumerate(ex.starts)
     ]
 
 
@@ -109,7 +104,8 @@ class MemoryStep:
         recaller: Recaller,
         queue: WriteQueue,
         health: Health,
-        metrics: Metrics,
+        recall_seconds: Histogram | None = None,
+        recalled: Counter | None = None,
     ) -> None:
         self._settings = settings
         self._budget_s = settings.memory_timeout_ms / 1000
@@ -119,16 +115,19 @@ class MemoryStep:
         self._recaller = recaller
         self._queue = queue
         self._health = health
-        self._metrics = metrics
-        self._turns: OrderedDict[tuple[object, ...], asyncio.Task[Prepared]] = OrderedDict()
-        # (scope, session) -> (candidates' signature, the standing selection)
-        self._standing: OrderedDict[tuple[Scope, str], tuple[object, list[Memory]]] = (
-            OrderedDict()
+        self._recall_seconds = recall_seconds
+        self._recalled = recalled
+        self._turns: LRUCache[tuple[object, ...], asyncio.Task[Prepared]] = LRUCache(
+            TURNS_CACHED
         )
-        self._shown: OrderedDict[TurnKey, Shown] = OrderedDict()
+        # (scope, session) -> (candidates' signature, the standing selection)
+        self._standing: LRUCache[tuple[Scope, str], tuple[object, list[Memory]]] = LRUCache(
+            STANDING_CACHED
+        )
+        self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
 
     async def __call__(self, ex: Exchange) -> None:
-        if ex.items is None or not ex.history or untouchable(ex):
+        if ex.items is None or not ex.history.turns or ex.history_is_foreign:
             return
         session = turns_.session_key(ex.identity.session_id, ex.history)
         if session is None:
@@ -136,36 +135,35 @@ class MemoryStep:
         scope = scope_of(self._settings, ex.identity)
         key = self._turn_key(scope, session, ex)
         task = self._turns.get(key)
-        ex.notes["memory_cache"] = "miss" if task is None else "hit"
+        ex.notes.memory_cache = "miss" if task is None else "hit"
         if task is None:
             # The turn's task, not the request's: a client that hangs up does not cancel it
             # for the other requests of the turn waiting on it.
             task = asyncio.create_task(self._prepare(scope, session, ex))
             self._turns[key] = task
-            while len(self._turns) > TURNS_CACHED:
-                self._turns.popitem(last=False)
         try:
             # A slow store (a database going down, a lock held) costs this request at most the
             # budget; the turn's work goes on and later requests of the turn get its result.
             prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
         except TimeoutError:
             self._health.failed("memory in time", TimeoutError("store too slow"))
-            ex.notes["memory_degraded"] = True
+            ex.notes.memory_degraded = True
             return
         except Exception:
             self._turns.pop(key, None)  # a bug, not a store failure: try again next time
             raise
         self._health.ok("memory in time")
         if prepared.degraded:
-            ex.notes["memory_degraded"] = True
-        ex.notes["memory_recalled"] = prepared.recalled
+            ex.notes.memory_degraded = True
+        ex.notes.memory_recalled = prepared.recalled
         self._apply(ex, prepared, scope, session)
 
     async def close(self) -> None:
         """Cancel turns still being prepared (shutdown)."""
-        for task in self._turns.values():
+        tasks = list(self._turns.values())
+        for task in tasks:
             task.cancel()
-        for task in self._turns.values():
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
         self._turns.clear()
@@ -176,20 +174,18 @@ class MemoryStep:
         if ex.identity.turn_id:
             return (scope, session, ex.identity.turn_id)
         # No turn id: the newest prompt, and how many came before it, name the turn.
-        starts = turn_starts(ex.history)
-        text = message_text(ex.history[starts[-1]]) if starts else ""
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        return (scope, session, len(starts), digest)
+        history = ex.history
+        return (scope, session, history.turns, digest(history.prompt_text(history.turns - 1)))
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange) -> Prepared:
         start = time.perf_counter()
         now = time.time()
-        turns = turns_.split(session, ex.history, ex.cut)
+        turns = turns_.split(session, ex.history, ex.first_turn)
         if not turns:
             return Prepared()
         try:
             await self._working.update(
-                scope, session, turns, now=now, compacted=turns_.compacted(ex.history)
+                scope, session, turns, now=now, compacted=ex.history.compacted
             )
             self._health.ok("working memory")
         except StoreError as exc:
@@ -201,9 +197,8 @@ class MemoryStep:
         # Memories the model still sees in the window: the turns it shows whole (a turn with
         # masked outputs is not: recall may show the lines masking removed), and the recall
         # messages kept in place.
-        seen_ids = {id(item) for item in ex.items or ()}
         whole = {t.prompt_key for t in turns
-                 if t.in_window and all(id(item) in seen_ids for item in t.items)}
+                 if t.in_window and t.index not in ex.masked_turns}
         try:
             standing = await self._standing_for(scope, session, window, now)
             used = self._recaller.cost(standing) if standing else 0
@@ -226,15 +221,17 @@ class MemoryStep:
             self._health.failed("recall", exc)
             return Prepared(degraded=True)
         finally:
-            self._metrics.recall_seconds.observe(time.perf_counter() - start)
-        self._metrics.recall_hits.inc(len(standing) + len(recalled))
+            if self._recall_seconds is not None:
+                self._recall_seconds.observe(time.perf_counter() - start)
+        if self._recalled is not None:
+            self._recalled.inc(len(standing) + len(recalled))
         standing_text = memory_blocks.render(standing)
         recall_text = memory_blocks.render(recalled)
         message = _developer_message(recall_text) if recall_text else None
         if forwarded and self._placement == "split":
             if newest is None:  # the first to recall for this turn decides its bytes
                 newest = Shown(message, tuple(
-                    (m.memory_id, memory_blocks.lines_of(m.text)) for m in recalled))
+                    (m.memory_id, lines_of(m.text)) for m in recalled))
                 self._remember(forwarded[-1][1], newest)
             message = newest.message
         return Prepared(
@@ -246,9 +243,6 @@ class MemoryStep:
 
     def _remember(self, key: TurnKey, shown: Shown) -> None:
         self._shown[key] = shown
-        self._shown.move_to_end(key)
-        while len(self._shown) > RECALLS_CACHED:
-            self._shown.popitem(last=False)
 
     async def _standing_for(
         self, scope: Scope, session: str, window: set[str], now: float
@@ -260,12 +254,9 @@ class MemoryStep:
         where = (scope, session)
         cached = self._standing.get(where)
         if cached is not None and cached[0] == signature:
-            self._standing.move_to_end(where)
             return cached[1]
         chosen = self._recaller.standing(candidates, now)
         self._standing[where] = (signature, chosen)
-        while len(self._standing) > STANDING_CACHED:
-            self._standing.popitem(last=False)
         return chosen
 
     # --- every request ---------------------------------------------------------------------
@@ -289,11 +280,9 @@ class MemoryStep:
         messages: dict[int, dict[str, Any]] = {}
         for at, key in forwarded[:-1]:
             shown = self._shown.get(key)
-            if shown is not None:
-                self._shown.move_to_end(key)
-                if shown.message is not None:
-                    messages[at] = shown.message
-        ex.notes["recall_kept"] = len(messages)
+            if shown is not None and shown.message is not None:
+                messages[at] = shown.message
+        ex.notes.recall_kept = len(messages)
         if prepared.message is not None:
             messages[forwarded[-1][0]] = prepared.message
         if not messages:
@@ -304,5 +293,8 @@ class MemoryStep:
             if message is not None:
                 out.append(message)
             out.append(item)
+        # Each message stands right before its turn's prompt: the prompts move down.
+        before = sorted(messages)
+        ex.starts = [at + bisect_right(before, at) for at in ex.starts]
         ex.body = {**ex.body, "input": out}
         ex.changed = True

@@ -7,28 +7,13 @@ in the next request gets the same key, and storing it again updates one record.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
-from proxy.window import is_context, is_message, message_text, turn_starts
+from request import History, Item, digest, is_message, message_text
 
-__all__ = [
-    "COMPACTION_MARKERS", "INDENT", "Turn", "compacted", "prompt_key", "render", "session_key",
-    "split",
-]
-
-Item = dict[str, Any]
-
-# Codex's compaction prompt and the summary that replaces a compacted history.
-COMPACTION_MARKERS = (
-    "You are performing a CONTEXT CHECKPOINT COMPACTION",
-    "Another language model started to solve this problem",
-)
+__all__ = ["INDENT", "Turn", "render", "session_key", "split"]
 
 # Bounds of one stored turn (characters): enough to recall what happened, never a whole log.
 # Tool outputs are kept nearly whole: a fact in the middle of a file listing is what the
@@ -56,10 +41,6 @@ class Turn:
     in_window: bool  # still inside the forwarded history
 
 
-def _digest(*parts: object) -> str:
-    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
-
-
 def _fingerprint(item: Item) -> object:
     """What identifies an item cheaply: its id, else its call id, else its content."""
     ident = item.get("id") or item.get("call_id")
@@ -70,58 +51,33 @@ def _fingerprint(item: Item) -> object:
     return orjson.dumps(item, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def prompt_key(session: str, prompt: Item) -> str:
-    """The key of the turn a user message starts: from the session and the prompt alone, so
-    any request whose history holds the turn derives the same key."""
-    return "prompt:" + _digest(session, message_text(prompt), prompt.get("id"))
-
-
-def session_key(session_id: str | None, history: Sequence[Item]) -> str | None:
+def session_key(session_id: str | None, history: History) -> str | None:
     """The session id, or for a client without one, a stand-in derived from its first prompt."""
     if session_id:
         return session_id
-    starts = turn_starts(history)
-    if not starts:
+    if not history.turns:
         return None
-    return "anon-" + _digest(message_text(history[starts[0]]))[:16]
+    return "anon-" + digest(history.prompt_text(0))[:16]
 
 
-def split(session: str, history: Sequence[Item], cut: Sequence[Item] = ()) -> list[Turn]:
-    """The turns of ``history``; ``cut`` holds the items the window removed from it."""
-    starts = turn_starts(history)
-    if not starts:
-        return []
-    cut_ids = {id(item) for item in cut}
-    bounds = [*starts, len(history)]
+def split(session: str, history: History, first_turn: int = 0) -> list[Turn]:
+    """The turns of ``history``; those before ``first_turn`` are not forwarded."""
+    keys = history.prompt_keys(session)
     turns = []
-    for n, (start, end) in enumerate(itertools.pairwise(bounds)):
-        prompt = history[start]
-        items = tuple(
-            item for item in history[start:end] if isinstance(item, dict) and not is_context(item)
-        )
-        key = "turn:" + _digest(session, [_fingerprint(item) for item in items])
+    for n in range(history.turns):
+        items = history.turn_items(n)
         turns.append(
             Turn(
                 index=n,
-                prompt_key=prompt_key(session, prompt),
-                key=key,
-                user=message_text(prompt),
+                prompt_key=keys[n],
+                key="turn:" + digest(session, [_fingerprint(item) for item in items]),
+                user=history.prompt_text(n),
                 items=items,
-                complete=n + 1 < len(starts) and len(items) > 1,
-                in_window=id(prompt) not in cut_ids,
+                complete=n + 1 < history.turns and len(items) > 1,
+                in_window=n >= first_turn,
             )
         )
     return turns
-
-
-def compacted(history: Sequence[Item]) -> bool:
-    """Whether the history was rewritten by a compaction (its first prompt is then not the
-    session's)."""
-    for item in history:
-        if isinstance(item, dict) and is_message(item) and item.get("role") == "user":
-            if message_text(item).lstrip().startswith(COMPACTION_MARKERS):
-                return True
-    return False
 
 
 def _clip(text: str, limit: int) -> str:

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from config import Settings
-from proxy import pipeline
+from config.logs import fields
+from proxy import bodies, targets
 from proxy.auth import client_auth, load_client_keys
-from proxy.errors import BodyTooLarge, ProxyError, error_response
+from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import request_headers, response_headers
-from proxy.logs import fields
 from proxy.metrics import Metrics
-from proxy.request import Exchange
+from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
 from proxy.upstream import Upstream
+from request import Exchange, NotAResponsesRequest, Notes, Step
+from window.step import WindowStep
 
 log = logging.getLogger("ctxproxy")
 access_log = logging.getLogger("ctxproxy.access")
@@ -28,26 +33,59 @@ access_log = logging.getLogger("ctxproxy.access")
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
-STEPS = web.AppKey("steps", Sequence[pipeline.Step])  # in order
+PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
 
-# What the access log reads from request.get(...), set by the handlers.
-LOG_FIELDS = web.RequestKey("log_fields", dict)
 
-StepsFactory = Callable[[web.Application], Sequence[pipeline.Step]]
+@dataclass(slots=True)
+class Access:
+    """One request's access-log line, filled in on the way (None: not known, left out)."""
+
+    error: str | None = None
+    fail_open: str | None = None  # the body could not be parsed: forwarded as sent
+    steps_failed: list[str] | None = None
+    session_id: str | None = None
+    turns_in: int | None = None
+    turns_forwarded: int | None = None
+    items_cut: int | None = None
+    bytes_in: int | None = None
+    bytes_forwarded: int | None = None
+    forwarded_ratio: float | None = None
+    ttfb_ms: float | None = None
+    upstream_error: str | None = None
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    notes: Notes | None = None
+
+    def fields(self) -> dict[str, Any]:
+        out = {k: v for k in _ACCESS_FIELDS if (v := getattr(self, k)) is not None}
+        if self.notes is not None:
+            out.update(self.notes.fields())
+        return out
+
+
+_ACCESS_FIELDS = tuple(f.name for f in dataclass_fields(Access) if f.name != "notes")
+
+
+ACCESS = web.RequestKey("access", Access)
+
+StepsFactory = Callable[[web.Application], Sequence[Step]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def default_steps(app: web.Application) -> Sequence[pipeline.Step]:
-    settings = app[SETTINGS]
-    return [pipeline.WindowStep.from_settings(settings)]
+def default_steps(app: web.Application) -> Sequence[Step]:
+    return [WindowStep.from_settings(app[SETTINGS])]
 
 
-def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> web.Application:
+def create_app(
+    settings: Settings, *, steps: StepsFactory = default_steps, upstream: Upstream | None = None
+) -> web.Application:
     """Build the proxy app. Clients open in cleanup contexts; nothing runs at import time.
 
     Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
     before it starts; ``steps`` is called once at start-up, after every context is open.
+    ``upstream`` replaces the client to the real API (tests give it their own connector).
     """
     middlewares: list[Any] = [access_middleware]  # outermost first
     client_keys = load_client_keys(settings.client_keys)
@@ -55,24 +93,27 @@ def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> we
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
-    app[METRICS] = Metrics()
-    app[STEPS] = []
+    app[METRICS] = metrics = Metrics()
+    app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
-        upstream = Upstream(
+        client = upstream or Upstream(
             settings.upstream_url,
             settings.upstream_connect_timeout_s,
             settings.upstream_read_timeout_s,
         )
-        await upstream.start()
-        app[UPSTREAM] = upstream
+        await client.start()
+        app[UPSTREAM] = client
         yield
-        await upstream.close()
+        await client.close()
 
     async def on_startup(app: web.Application) -> None:
         # on_startup handlers run after every cleanup context has opened.
-        app[STEPS] = list(steps(app))
+        app[PIPELINE] = Pipeline(
+            steps(app), on_failure=lambda step, reason: metrics.step_failures.labels(
+                step, reason).inc(),
+        )
         app[READY]["ready"] = True
 
     async def on_shutdown(app: web.Application) -> None:
@@ -83,11 +124,11 @@ def create_app(settings: Settings, *, steps: StepsFactory = default_steps) -> we
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/responses", responses)
-    app.router.add_post("/responses", responses)
+    app.router.add_get("/healthz", healthz, name="healthz")
+    app.router.add_get("/readyz", readyz, name="readyz")
+    app.router.add_get("/metrics", metrics_route, name="metrics")
+    app.router.add_post("/v1/responses", responses, name="responses")
+    app.router.add_post("/responses", responses, name="responses:bare")
     return app
 
 
@@ -110,7 +151,7 @@ async def gc_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def add_passthrough(app: web.Application) -> None:
     """The catch-all route; added last, after any local routes the other sides mount."""
-    app.router.add_route("*", "/{tail:.*}", passthrough)
+    app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
 
 
 # --- middleware ------------------------------------------------------------------------------
@@ -120,7 +161,7 @@ def add_passthrough(app: web.Application) -> None:
 async def access_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Map errors to OpenAI-shaped JSON and write one access-log line per request."""
     start = time.perf_counter()
-    request[LOG_FIELDS] = info = {}
+    request[ACCESS] = info = Access()
     status = 500
     try:
         response = await handler(request)
@@ -128,20 +169,31 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
         return response
     except ProxyError as exc:
         status = exc.status
-        info["error"] = exc.message
+        info.error = exc.message
         return exc.response()
     except web.HTTPException as exc:
         status = exc.status
         if exc.status == 413:
             return BodyTooLarge(str(exc.text or "request body too large")).response()
         return error_response(exc.status, exc.reason, "invalid_request_error", str(exc.status))
+    except ClientClosed:
+        # The client hung up mid-answer: nothing to answer, and no failure of the upstream's.
+        status = ClientClosed.status
+        info.error = "client_closed"
+        return web.Response(status=status)  # never sent: aiohttp drops it quietly
+    except asyncio.CancelledError:
+        # handler_cancellation: aiohttp cancels the handler once the client's connection is
+        # gone (or, at shutdown, once the grace period is over and it closes it).
+        status = ClientClosed.status
+        info.error = "client_closed"
+        raise
     finally:
         elapsed = time.perf_counter() - start
         metrics = request.app[METRICS]
-        route = info.get("route", "other")
+        route = _route_name(request)
         metrics.requests.labels(route, str(status)).inc()
         metrics.duration.observe(elapsed)
-        if request.path not in ("/healthz", "/readyz", "/metrics"):
+        if route not in ("healthz", "readyz", "metrics"):
             access_log.info(
                 "request",
                 extra=fields(
@@ -151,9 +203,16 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     path=request.path,
                     status=status,
                     total_ms=round(elapsed * 1000, 2),
-                    **info,
+                    route=route,
+                    **info.fields(),
                 ),
             )
+
+
+def _route_name(request: web.Request) -> str:
+    """The matched route's name up to its first colon ("responses", "knowledge", ...)."""
+    name = request.match_info.route.name
+    return name.partition(":")[0] if name else "other"
 
 
 # --- local routes ----------------------------------------------------------------------------
@@ -168,7 +227,7 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics_route(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].render(), content_type="text/plain")
 
 
@@ -176,57 +235,64 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def read_body(request: web.Request) -> bytes:
+    """The body as the upstream gets it: decoded (see proxy.bodies), at most MAX_BODY_MB."""
+    # Every forwarded route reads its body first: refuse a target it would not forward
+    # before any work is done for it.
+    targets.origin_path(request.raw_path)
     limit = request.app[SETTINGS].max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"request body is over {limit} bytes")
     try:
-        return await request.read()
+        raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise BodyTooLarge(f"request body is over {limit} bytes") from exc
+    return await bodies.decode_request_body(request, raw, limit)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    """POST /v1/responses: apply the pipeline, then relay."""
+    """POST /v1/responses: apply the pipeline, then relay.
+
+    Only a body the proxy cannot parse (or re-serialise losslessly) goes out as the client's
+    own bytes; a step that fails is undone alone and the others' work goes out.
+    """
     app = request.app
-    settings = app[SETTINGS]
-    info = request[LOG_FIELDS]
-    info["route"] = "responses"
+    info = request[ACCESS]
     raw = await read_body(request)
     body = raw
-    ex: Exchange | None = None
     try:
-        ex = Exchange.parse(raw, request.headers, settings)
-        await pipeline.run(app[STEPS], ex)
-        body = ex.serialise()
-    except Exception as exc:
-        # Fail open: whatever went wrong is ours, not the agent's; forward its own bytes.
-        reason = type(exc).__name__
-        app[METRICS].fail_open.labels(reason).inc()
-        log.warning("pipeline failed, forwarding the request unchanged: %s: %s", reason, exc)
-        info["fail_open"] = reason
-        body = raw
-    if ex is not None:
-        info.update(
-            session_id=ex.identity.session_id,
-            turns_in=ex.turns_in,
-            turns_forwarded=ex.turns_forwarded,
-            items_cut=len(ex.cut),
-            **ex.notes,
-        )
-        if ex.cut:
-            app[METRICS].turns_cut.inc(ex.turns_in - ex.turns_forwarded)
+        ex = Exchange.parse(raw, request.headers, app[SETTINGS])
+    except NotAResponsesRequest as exc:
+        _forward_as_sent(app, info, exc)
+    else:
+        failed = await app[PIPELINE].run(ex)
+        try:
+            body = ex.serialise()
+        except NotAResponsesRequest as exc:
+            _forward_as_sent(app, info, exc)
+        info.session_id = ex.identity.session_id
+        info.turns_in = ex.history.turns
+        info.turns_forwarded = ex.turns_forwarded
+        info.items_cut = len(ex.cut)
+        info.notes = ex.notes
+        info.steps_failed = failed or None
+        if ex.first_turn:
+            app[METRICS].turns_cut.inc(ex.first_turn)
     # Bytes, not tokens: no tokenizer on the request path (tokens: input_tokens below).
-    info.update(
-        bytes_in=len(raw),
-        bytes_forwarded=len(body),
-        forwarded_ratio=round(len(body) / len(raw), 4) if raw else 1.0,
-    )
+    info.bytes_in = len(raw)
+    info.bytes_forwarded = len(body)
+    info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
     return await relay(request, "responses", body, tap_usage=True)
+
+
+def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesRequest) -> None:
+    reason = type(exc).__name__
+    app[METRICS].fail_open.labels(reason).inc()
+    log.info("forwarding the request as sent: %s", exc)
+    info.fail_open = reason
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Every other method and path, forwarded unchanged under UPSTREAM_URL."""
-    request[LOG_FIELDS]["route"] = "passthrough"
     if request.headers.get("upgrade"):
         # Codex tries a WebSocket first when configured to; 426 makes it fall back to HTTP.
         return error_response(
@@ -236,8 +302,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             "websocket_not_supported",
         )
     # The target as the client sent it (still percent-encoded), so that nothing is decoded
-    # and re-encoded differently on the way.
-    path = request.raw_path.partition("?")[0]
+    # and re-encoded differently on the way; Upstream.url refuses dot segments.
+    path = targets.origin_path(request.raw_path)
     if path == "/v1" or path.startswith("/v1/"):
         path = path[3:]
     body = await read_body(request) if request.body_exists else None
@@ -250,16 +316,24 @@ async def relay(
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives."""
     app = request.app
     settings = app[SETTINGS]
-    info: dict[str, Any] = request[LOG_FIELDS]
+    info = request[ACCESS]
     upstream = app[UPSTREAM]
     key = settings.upstream_api_key
-    headers = request_headers(request.headers, f"Bearer {key.get_secret_value()}" if key else None)
+    headers = request_headers(
+        request.headers,
+        f"Bearer {key.get_secret_value()}" if key else None,
+        body_decoded=request.get(bodies.DECODED, False),
+    )
     url = upstream.url(path, request.raw_path.partition("?")[2])
 
     start = time.perf_counter()
     upstream_response = await upstream.send(request.method, url, headers, body)
     completed = False
-    tap = UsageTap() if tap_usage and _is_sse(upstream_response) else None
+    tap = (
+        UsageTap(upstream_response.headers.get("Content-Encoding"))
+        if tap_usage and _is_sse(upstream_response)
+        else None
+    )
     try:
         response = web.StreamResponse(
             status=upstream_response.status,
@@ -273,15 +347,18 @@ async def relay(
                 if first:
                     first = False
                     ttfb = time.perf_counter() - start
-                    info["ttfb_ms"] = round(ttfb * 1000, 2)
+                    info.ttfb_ms = round(ttfb * 1000, 2)
                     app[METRICS].ttfb.observe(ttfb)
-                await response.write(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError
+                    raise ClientClosed from exc  # a ClientError too: not the upstream's
                 if tap is not None:
                     tap.feed(chunk)
         except (aiohttp.ClientError, TimeoutError) as exc:
             # The upstream broke mid-answer: end the client's connection the same way, so it
             # sees a broken stream (and retries) rather than a clean end.
-            info["upstream_error"] = type(exc).__name__
+            info.upstream_error = type(exc).__name__
             log.warning("upstream stream broke: %s", type(exc).__name__)
             if request.transport is not None:
                 request.transport.close()
@@ -290,6 +367,8 @@ async def relay(
         completed = True
         app[METRICS].upstream.observe(time.perf_counter() - start)
         return response
+    except ConnectionResetError as exc:  # writing the status line or the end to the client
+        raise ClientClosed from exc
     finally:
         if tap is not None:
             _record_usage(app, info, tap)
@@ -303,11 +382,13 @@ def _is_sse(response: aiohttp.ClientResponse) -> bool:
     return response.content_type == "text/event-stream"
 
 
-def _record_usage(app: web.Application, info: dict[str, Any], tap: UsageTap) -> None:
+def _record_usage(app: web.Application, info: Access, tap: UsageTap) -> None:
     usage = tap.usage()
     if usage is None:
         return
-    info.update(usage)
+    info.input_tokens = usage.get("input_tokens")
+    info.cached_tokens = usage.get("cached_tokens")
+    info.output_tokens = usage.get("output_tokens")
     metrics = app[METRICS]
     metrics.tokens.labels("input").inc(usage.get("input_tokens", 0))
     metrics.tokens.labels("cached").inc(usage.get("cached_tokens", 0))

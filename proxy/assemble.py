@@ -1,4 +1,9 @@
-"""Wires the proxy's sides together: the window, knowledge discovery and memory, in order."""
+"""The composition root: builds the app and its pipeline, the one place that wires the sides.
+
+The request's path, in order: the window cuts the history (``window/``), knowledge discovery
+adds the ``<knowledge_tools>`` block (``knowledge/``), memory adds its typed blocks
+(``memory/``); then the relay forwards (``proxy/app.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,26 +12,26 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from config import Settings
-from knowledge import wiring as knowledge_wiring
-from memory import wiring as memory_wiring
+from proxy import knowledge_wiring, memory_wiring
 from proxy.app import SETTINGS, add_passthrough, create_app
-from proxy.pipeline import Step, WindowStep
+from proxy.upstream import Upstream
+from request import Step
+from window.step import WindowStep
 
 
 def steps(app: web.Application) -> Sequence[Step]:
     """The request pipeline, in order: cut the history, then add knowledge, then memory."""
-    settings = app[SETTINGS]
     ordered: list[Step | None] = [
-        WindowStep.from_settings(settings),
+        WindowStep.from_settings(app[SETTINGS]),
         knowledge_wiring.step(app),
         memory_wiring.step(app),
     ]
     return [s for s in ordered if s is not None]
 
 
-def build_app(settings: Settings) -> web.Application:
+def build_app(settings: Settings, *, upstream: Upstream | None = None) -> web.Application:
     """The full app as ``ctxproxy serve`` runs it."""
-    app = create_app(settings, steps=steps)
+    app = create_app(settings, steps=steps, upstream=upstream)
     knowledge_wiring.install(app)
     memory_wiring.install(app)
     add_passthrough(app)  # last: local routes first

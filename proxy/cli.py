@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from config import Settings, SettingsError, describe_settings, load_settings
-from proxy import logs
+from config import Settings, SettingsError, describe_settings, load_settings, logs
+from config.settings import unknown_settings
+from proxy.bodies import SERVER_OPTIONS
 
 log = logging.getLogger("ctxproxy")
 
@@ -64,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ctxproxy: invalid setting: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
+    for name, closest in unknown_settings():
+        hint = f"; did you mean {closest}?" if closest else ""
+        log.warning(
+            "unknown setting %s is ignored%s", name, hint,
+            extra=logs.fields(variable=name, closest=closest),
+        )
     result = args.func(settings, args)
     return int(result or 0)
 
@@ -82,7 +89,7 @@ async def _serve(settings: Settings) -> None:
 
     app = build_app(settings)
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)

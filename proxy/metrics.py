@@ -30,6 +30,10 @@ class Metrics:
             "ctxproxy_fail_open", "Requests forwarded unchanged because a step failed.",
             ["reason"], registry=r,
         )
+        self.step_failures = Counter(
+            "ctxproxy_step_failures", "Pipeline steps that raised and were undone alone.",
+            ["step", "reason"], registry=r,
+        )
         self.degraded = Counter(
             "ctxproxy_degraded", "Knowledge or memory failures that left a block out.",
             ["source"], registry=r,

@@ -6,25 +6,39 @@ and on the relay's hot path that costs several times less CPU than h11 (bench/RE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
+from proxy.targets import check_path
 
 
 class Upstream:
     """Sends requests to ``base_url`` and nowhere else, and maps failures to ProxyErrors."""
 
-    def __init__(self, base_url: str, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        *,
+        connector: Callable[[], aiohttp.BaseConnector] | None = None,
+    ) -> None:
         self.base = URL(base_url)
+        # The transport seam: tests give a connector of their own (a Unix socket, say).
+        self._connector = connector
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        connector = self._connector() if self._connector else aiohttp.TCPConnector(
+            limit=0, ttl_dns_cache=300, enable_cleanup_closed=True
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=self._timeout,
@@ -38,7 +52,11 @@ class Upstream:
             await self._session.close()
 
     def url(self, path: str, query_string: str = "") -> URL:
-        """``path`` (client side, /v1 stripped) under the base URL; the client's Host is ignored."""
+        """``path`` (client side, /v1 stripped) under the base URL; the client's Host is ignored.
+
+        Raises BadRequest for a path with dot segments, which could resolve outside the base.
+        """
+        check_path(path)
         base_path = self.base.raw_path.rstrip("/")
         url = self.base.with_path(base_path + "/" + path.lstrip("/"), encoded=True)
         return URL(f"{url}?{query_string}", encoded=True) if query_string else url

@@ -14,14 +14,15 @@ import pytest
 from bench.economics import STRATEGIES, Strategy, build_session, load_shapes, run_one
 from bench.pricing import BLOCK_TOKENS, MIN_CACHED_TOKENS, PricingUpstream, PromptCache
 from config import load_settings
-from injectors.masking import mask_output, mask_text
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
-from proxy.window import is_turn_start, message_text, turns_to_drop
+from request import is_turn_start, message_text
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
+from window.masking import mask_output, mask_text
+from window.policy import turns_to_drop
 
 Item = dict[str, Any]
 BIG_OUTPUT = "".join(f"line {i}: some tool output that goes on\n" for i in range(200))

@@ -25,7 +25,7 @@ from multidict import CIMultiDict
 
 from config import load_settings
 from proxy.assemble import build_app
-from proxy.window import is_turn_start, message_text
+from request import is_turn_start, message_text
 from tests.fakes import codex
 from tests.fakes.server import Running, free_port, serve
 
@@ -383,7 +383,12 @@ def test_smuggled_second_request_never_reaches_the_upstream(stack: Stack) -> Non
 def test_host_and_absolute_target_cannot_redirect_the_upstream(stack: Stack) -> None:
     fuzz_id = uuid.uuid4().hex
     head = f"Host: evil.example:8443\r\n{FUZZ_ID}: {fuzz_id}\r\n".encode()
+    # An absolute-form target is refused (400) and nothing is forwarded.
     status, _ = raw_request(stack, head, target=b"http://evil.example:8443/v1/responses")
+    assert status == 400
+    assert fuzz_id not in stack.seen
+    # The Host header alone never picks the upstream.
+    status, _ = raw_request(stack, head, target=b"/v1/responses")
     assert status == 200  # answered by the echo upstream, the only place the proxy sends to
     seen = stack.seen.pop(fuzz_id)
     assert "evil" not in seen.headers["Host"]

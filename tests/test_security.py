@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 from lxml import etree
 
+from config.logs import JsonFormatter
 from memory.model import Scope, user_ref
-from proxy.logs import JsonFormatter
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import free_port, serve
@@ -427,7 +427,7 @@ async def test_secrets_reach_no_log_store_forwarded_request_or_error_answer(
 
     formatter = JsonFormatter()
     logs = "\n".join(formatter.format(record) for record in caplog.records)
-    assert "pipeline failed" in logs  # the fail-open line was written, and scanned
+    assert "forwarding the request as sent" in logs  # the fail-open line, scanned
     assert found_in(logs, s.all) == []
     for status, body in errors:
         assert found_in(body.decode(errors="replace"), s.all) == [], status
@@ -524,5 +524,5 @@ async def test_a_served_process_logs_no_secret_even_at_debug(
 
     stderr = "".join(served.stderr)
     assert '"logger":"ctxproxy.access"' in stderr
-    assert "pipeline failed" in stderr
+    assert "forwarding the request as sent" in stderr
     assert found_in(stderr, s.all) == []

@@ -27,11 +27,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from knowledge import wiring as knowledge_wiring
 from knowledge.client import Discovery
 from memory import store_pg, store_sqlite
-from memory import wiring as memory_wiring
 from memory.model import Memory, StoreError
+from proxy import knowledge_wiring, memory_wiring
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.postgres import PrivatePostgres, cannot_run_reason

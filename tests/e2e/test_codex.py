@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 
 from config import load_settings
-from proxy.app import STEPS
+from proxy.app import PIPELINE
 from proxy.assemble import build_app
-from proxy.window import is_turn_start, message_text
+from request import is_turn_start, message_text
 from tests.e2e.codex_cli import CodexCLI, codex_binary
 from tests.fakes.server import Running, free_port, serve
 from tests.fakes.upstream import FakeUpstream, Received
@@ -68,7 +68,7 @@ class Thread:
         return [r for r in self.upstream.received if r.path.endswith("/responses")]
 
     def has_step(self, name: str) -> bool:
-        return any(step.name == name for step in self.proxy.app[STEPS])
+        return any(step.name == name for step in self.proxy.app[PIPELINE].steps)
 
 
 async def ctxproxy(data_dir: Path, *argv: str) -> str:

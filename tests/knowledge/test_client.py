@@ -51,7 +51,7 @@ class Clock:
 
 def discovery(core: HttpCore, clock: Clock | None = None, **kw: Any) -> Discovery:
     values: dict[str, Any] = {"service_id": "svc-1", "timeout_s": 0.5, "ttl_s": 300,
-                              "negative_ttl_s": 30, "metrics": Metrics()}
+                              "negative_ttl_s": 30}
     values.update(kw)
     return Discovery(core, clock=clock or Clock(), **values)
 
@@ -172,7 +172,8 @@ async def test_a_failure_is_empty_and_one_warning_without_secrets(
 ) -> None:
     respx.post(AGENT).mock(return_value=httpx.Response(500))
     metrics = Metrics()
-    d = discovery(core, metrics=metrics)
+    d = discovery(core, lookups=metrics.knowledge_cache,
+                  failures=metrics.degraded.labels("knowledge"))
     with caplog.at_level(logging.WARNING, "ctxproxy.knowledge"):
         assert await d.assets("t1", "coder", "uk-secret") == ()
         assert await d.assets("t1", "coder", "uk-secret") == ()  # negative cache: no new log

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from memory.wiring import MEMORY, Runtime
+from proxy.memory_wiring import MEMORY, Runtime
 from tests.fakes import codex
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from injectors import tokens
-from memory import wiring
 from memory.model import Scope, StoreError, user_ref
+from proxy import memory_wiring as wiring
 from proxy.app import METRICS
 from tests.conftest import SHARED_FIXTURES, ProxyFactory
 from tests.fakes.upstream import FakeUpstream

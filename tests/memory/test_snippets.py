@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from injectors import memory_blocks, tokens
-from injectors.memory_blocks import GAP, SNIPPET_TOKENS, snippet
 from memory.model import Memory, Scope
 from memory.recall import Recaller, Weights
+from memory.snippets import GAP, SNIPPET_TOKENS, snippet
 from memory.store_sqlite import SqliteStore
 from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
+from request import History
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -45,7 +46,7 @@ def notes_turn(prompt: str, output: str) -> list[Item]:
 
 def rendered(turn: list[Item]) -> str:
     items = [*codex.context_items(), *turn, codex.text("user", "next")]
-    return render(split("s", items)[0])[0]
+    return render(split("s", History(items))[0])[0]
 
 
 # --- rendering and snippets (pure) ---------------------------------------------------------
@@ -266,7 +267,7 @@ async def test_a_question_that_matches_nothing_well_gets_no_recall_block(
 
 
 def test_line_words_agree_with_how_terms_splits_words() -> None:
-    from injectors.memory_blocks import _line_words
+    from memory.snippets import _line_words
     from memory.words import terms
 
     text = "\n".join([

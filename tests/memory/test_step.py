@@ -19,12 +19,11 @@ from memory.queue import WriteQueue
 from memory.recall import Recaller, Weights
 from memory.step import MemoryStep
 from memory.store_sqlite import SqliteStore
-from memory.wiring import _cost
 from memory.working import Working
-from proxy.metrics import Metrics
-from proxy.pipeline import WindowStep
-from proxy.request import Exchange
+from proxy.memory_wiring import _cost
+from request import Exchange
 from tests.fakes import codex
+from window.step import WindowStep
 
 
 @dataclass
@@ -60,7 +59,7 @@ async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[R
     )
     step = MemoryStep(
         settings, working=Working(store, queue, 1800), ingester=Ingester(store),
-        recaller=recaller, queue=queue, health=health, metrics=Metrics(),
+        recaller=recaller, queue=queue, health=health,
     )
     yield Rig(step, store, queue, failures, settings)
     await step.close()
@@ -102,7 +101,7 @@ async def test_a_turn_recalls_once_and_its_tool_loop_reuses_the_bytes(rig: Rig) 
     loop = [*items, *codex.tool_turn("x")[1:-1]]
     second = await rig.run(loop, turn_id="t5")
 
-    assert first.notes["memory_cache"] == "miss" and second.notes["memory_cache"] == "hit"
+    assert first.notes.memory_cache == "miss" and second.notes.memory_cache == "hit"
     assert "PostgreSQL 15 on port 5433" in orjson.dumps(first.body).decode()
     assert first.body.get("instructions") == second.body.get("instructions")
     recall = [i for i in first.body["input"] if i.get("role") == "developer"][-1]
@@ -141,7 +140,7 @@ async def test_a_store_failure_is_counted_and_the_request_goes_without_memory(
 ) -> None:
     await rig.store.close()
     ex = await rig.run(history("one", "two", "three", "four"))
-    assert ex.notes["memory_degraded"] is True
+    assert ex.notes.memory_degraded is True
     assert "instructions" not in ex.body
     assert len(rig.failures) == 2  # working memory, then recall
     await rig.store.open()

@@ -8,11 +8,12 @@ from typing import Any
 
 from memory.ingest import episodes
 from memory.model import Scope
-from memory.turns import ARGS_CHARS, OUTPUT_CHARS, compacted, render, session_key, split
+from memory.turns import ARGS_CHARS, OUTPUT_CHARS, render, session_key, split
 from memory.working import derive
-from proxy.window import window
+from request import History
 from tests.conftest import SHARED_FIXTURES
 from tests.fakes import codex
+from window.policy import window
 
 SCOPE = Scope("svc")
 
@@ -23,35 +24,35 @@ def fixture_input(name: str, number: str) -> list[dict[str, Any]]:
 
 
 def test_real_codex_history_splits_into_its_user_turns() -> None:
-    turns = split("s", fixture_input("03_resume_7turns", "0010"))
+    turns = split("s", History(fixture_input("03_resume_7turns", "0010")))
     assert [t.user.split(":")[0] for t in turns] == [f"turn {n}" for n in range(1, 8)]
     assert [t.complete for t in turns] == [True] * 6 + [False]
     assert all(t.in_window for t in turns)
 
 
 def test_keys_stay_the_same_when_the_history_grows() -> None:
-    short = split("s", fixture_input("03_resume_7turns", "0008"))
-    long = split("s", fixture_input("03_resume_7turns", "0010"))
+    short = split("s", History(fixture_input("03_resume_7turns", "0008")))
+    long = split("s", History(fixture_input("03_resume_7turns", "0010")))
     done = [t.key for t in short if t.complete]
     assert done and [t.key for t in long[: len(done)]] == done
 
 
 def test_keys_belong_to_their_session() -> None:
     items = codex.session(3)
-    assert split("a", items)[0].key != split("b", items)[0].key
+    assert split("a", History(items))[0].key != split("b", History(items))[0].key
 
 
 def test_the_same_words_in_two_turns_are_two_turns() -> None:
     items = [*codex.context_items(), *codex.tool_turn("continue"), *codex.tool_turn("continue"),
              codex.text("user", "done?")]
-    first, second, _ = split("s", items)
+    first, second, _ = split("s", History(items))
     assert first.key != second.key
 
 
 def test_turns_cut_by_the_window_are_marked_outside_it() -> None:
     items = codex.session(6)
     result = window(items, 2)
-    turns = split("s", items, result.cut)
+    turns = split("s", History(items), result.turns_in - result.turns_kept)
     assert [t.in_window for t in turns] == [False] * 4 + [True] * 2
 
 
@@ -60,7 +61,7 @@ def test_render_keeps_tool_calls_with_bounded_arguments_and_outputs() -> None:
              codex.text("user", "next")]
     call = next(i for i in items if i.get("type") == "function_call")
     call["arguments"] = json.dumps({"cmd": "Z" * 5000})
-    text, tools = render(split("s", items)[0])
+    text, tools = render(split("s", History(items))[0])
     assert tools == ["exec_command"]
     assert text.startswith("User: run it\n")
     assert "Tool call exec_command: " in text and "Tool output exec_command: " in text
@@ -71,7 +72,7 @@ def test_render_keeps_tool_calls_with_bounded_arguments_and_outputs() -> None:
 def test_episodes_are_completed_turns_with_their_secrets_redacted() -> None:
     items = [*codex.context_items(), *codex.text_turn("deploy with password=hunter2"),
              codex.text("user", "what now?")]
-    (episode,) = episodes(SCOPE, "s", split("s", items), now=1.0)
+    (episode,) = episodes(SCOPE, "s", split("s", History(items)), now=1.0)
     assert episode.type == "episodic" and episode.session_id == "s" and episode.turn_index == 0
     assert "hunter2" not in episode.text and "hunter2" not in str(episode.attrs)
     assert episode.attrs["user"] == "deploy with password=[REDACTED]"
@@ -81,7 +82,7 @@ def test_working_memory_is_the_task_and_the_constraints() -> None:
     items = [*codex.context_items(), *codex.text_turn("Build a CLI for the wiki. Use click."),
              *codex.text_turn("Never print the api key. Always add tests."),
              codex.text("user", "Don't touch setup.py.")]
-    records = derive(SCOPE, "s", split("s", items), now=100.0, ttl_s=1800)
+    records = derive(SCOPE, "s", split("s", History(items)), now=100.0, ttl_s=1800)
     assert [(m.attrs["kind"], m.text) for m in records] == [
         ("task", "Build a CLI for the wiki. Use click."),
         ("constraint", "Never print the api key."),
@@ -96,15 +97,15 @@ def test_after_a_compaction_the_first_prompt_is_not_the_task() -> None:
     items = [*codex.context_items(),
              codex.text("user", "Another language model started to solve this problem: ..."),
              codex.text("user", "Keep going.")]
-    assert compacted(items)
-    records = derive(SCOPE, "s", split("s", items), now=0.0, ttl_s=10, compacted=True)
+    assert History(items).compacted
+    records = derive(SCOPE, "s", split("s", History(items)), now=0.0, ttl_s=10, compacted=True)
     assert [m.attrs["kind"] for m in records] == []
 
 
 def test_a_client_without_session_id_gets_one_from_its_first_prompt() -> None:
     items = codex.session(2)
-    assert session_key("thread-1", items) == "thread-1"
-    anon = session_key(None, items)
+    assert session_key("thread-1", History(items)) == "thread-1"
+    anon = session_key(None, History(items))
     assert anon is not None and anon.startswith("anon-")
-    assert anon == session_key(None, codex.session(4))
-    assert session_key(None, codex.context_items()) is None
+    assert anon == session_key(None, History(codex.session(4)))
+    assert session_key(None, History(codex.context_items())) is None

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.window import is_turn_start, message_text, turns_to_drop, window
+from request import is_turn_start, message_text
 from tests.conftest import SHARED_FIXTURES
 from tests.fakes import codex
+from window.policy import turns_to_drop, window
 
 
 def prompts(items: list[dict[str, Any]]) -> list[str]:

@@ -13,7 +13,7 @@ from knowledge.service import EmbeddedCore, LocalCore
 from knowledge.step import KnowledgeStep
 from knowledge.store import FILENAME, Catalogue
 from proxy.app import METRICS, SETTINGS
-from proxy.pipeline import Step
+from request import Step
 
 DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
 
@@ -24,9 +24,11 @@ def install(app: web.Application) -> None:
     Without ``CORE_URL`` the embedded core opens first and its routes are mounted here, so
     the model can curl the wiki service on the proxy's own port.
     """
-    if app[SETTINGS].core_url is None:
+    settings = app[SETTINGS]
+    if settings.core_url is None:
         app.cleanup_ctx.append(_embedded_ctx)
-        add_routes(app)
+        token = settings.core_token.get_secret_value() if settings.core_token else None
+        add_routes(app, token)
     app.cleanup_ctx.append(_discovery_ctx)
 
 
@@ -64,7 +66,8 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
         timeout_s=settings.core_timeout_ms / 1000,
         ttl_s=settings.knowledge_ttl_s,
         negative_ttl_s=settings.knowledge_negative_ttl_s,
-        metrics=app[METRICS],
+        lookups=app[METRICS].knowledge_cache,
+        failures=app[METRICS].degraded.labels("knowledge"),
     )
     app[DISCOVERY] = discovery
     yield

@@ -1,20 +1,34 @@
-"""A parsed Responses request and who sent it: built once at the edge, read by every step."""
+"""One request on its way through the pipeline: the parsed body, who sent it, its history,
+and what the steps did to it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import orjson
 from multidict import CIMultiDictProxy
 
 from config import Settings
+from request.history import History
+from request.items import Item
 
-Item = dict[str, Any]
+__all__ = [
+    "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes", "Step",
+    "has_lossy_number", "user_digest",
+]
 
 
 class NotAResponsesRequest(ValueError):
     """The body is not JSON, or not a shape the pipeline understands: forward it untouched."""
+
+
+def user_digest(user_key: str | None) -> str:
+    """A user key's one-way digest: how stores and caches refer to a user, never the key."""
+    if not user_key:
+        return ""
+    return "u_" + hashlib.sha256(b"ctxproxy-user-key\0" + user_key.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +41,11 @@ class Identity:
     session_id: str | None
     turn_id: str | None = None
     request_kind: str | None = None
+
+    @property
+    def user(self) -> str:
+        """The user key's digest ('' without a key)."""
+        return user_digest(self.user_key)
 
     @classmethod
     def from_request(
@@ -69,28 +88,55 @@ def _turn_metadata(headers: CIMultiDictProxy[str], body: dict[str, Any]) -> dict
 
 
 @dataclass(slots=True)
+class Notes:
+    """What the steps report for the access-log line (None: not set, left out)."""
+
+    outputs_masked: int | None = None
+    knowledge_assets: int | None = None
+    memory_cache: str | None = None
+    memory_recalled: int | None = None
+    memory_degraded: bool | None = None
+    recall_kept: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {k: v for k in self.__slots__ if (v := getattr(self, k)) is not None}
+
+
+class Step(Protocol):
+    """One transformation of an Exchange. A step that raises is undone alone."""
+
+    name: str
+
+    async def __call__(self, ex: Exchange) -> None: ...
+
+
+# What a step may change, as it was before the step ran.
+Checkpoint = tuple[dict[str, Any], list[Item], int, list[int], frozenset[int], bool, Notes]
+
+
+@dataclass(slots=True)
 class Exchange:
     """One request on its way through the pipeline.
 
-    Steps replace ``body`` keys (never mutate the client's items in place) and set ``changed``;
-    ``history`` is the client's whole input and ``cut`` what the window removed from it, for
-    the memory step. ``notes`` go into the access-log line.
+    ``history`` is the client's whole input, as sent; steps never change it or its items.
+    A step replaces ``body`` (or its keys) with new values, never mutates a list or an item
+    in place, and records what it did: ``cut`` and ``first_turn`` (the window), ``starts``
+    (where the forwarded turns' prompts stand in ``body["input"]``), ``masked_turns``.
     """
 
     raw: bytes
     body: dict[str, Any]
     identity: Identity
-    history: list[Item] = field(default_factory=list)  # the client's whole input, as sent
-    cut: list[Item] = field(default_factory=list)
-    turns_in: int = 0
-    turns_forwarded: int = 0
+    history: History
+    cut: list[Item] = field(default_factory=list)  # what the window removed, in input order
+    first_turn: int = 0  # the history's first turn that is forwarded
+    starts: list[int] = field(default_factory=list)
+    masked_turns: frozenset[int] = frozenset()  # turns (history numbering) with masked outputs
     changed: bool = False
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: Notes = field(default_factory=Notes)
 
     @classmethod
-    def parse(
-        cls, raw: bytes, headers: CIMultiDictProxy[str], settings: Settings
-    ) -> Exchange:
+    def parse(cls, raw: bytes, headers: CIMultiDictProxy[str], settings: Settings) -> Exchange:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -100,17 +146,47 @@ class Exchange:
         items = body.get("input")
         if items is not None and not isinstance(items, str | list):
             raise NotAResponsesRequest("input is neither a string nor a list")
+        if isinstance(items, list) and not all(type(item) is dict for item in items):
+            raise NotAResponsesRequest("input items must be objects")
+        history = History(items if isinstance(items, list) else [])
         return cls(
             raw=raw,
             body=body,
             identity=Identity.from_request(headers, body, settings),
-            history=items if isinstance(items, list) else [],
+            history=history,
+            starts=list(history.starts),
         )
 
     @property
     def items(self) -> list[Item] | None:
+        """The input to forward as it stands now; None when it is not a list."""
         items = self.body.get("input")
         return items if isinstance(items, list) else None
+
+    @property
+    def turns_forwarded(self) -> int:
+        return self.history.turns - self.first_turn
+
+    @property
+    def is_compaction(self) -> bool:
+        """A Codex compaction request: by its turn metadata, or a trailing compaction_trigger."""
+        if self.identity.request_kind == "compaction":
+            return True
+        items = self.history.items
+        return bool(items) and items[-1].get("type") == "compaction_trigger"
+
+    @property
+    def history_is_foreign(self) -> bool:
+        """The history belongs to someone else: the server's, or a compaction's."""
+        return bool(self.body.get("previous_response_id")) or self.is_compaction
+
+    def checkpoint(self) -> Checkpoint:
+        return (dict(self.body), self.cut, self.first_turn, self.starts, self.masked_turns,
+                self.changed, replace(self.notes))
+
+    def restore(self, saved: Checkpoint) -> None:
+        (self.body, self.cut, self.first_turn, self.starts, self.masked_turns, self.changed,
+         self.notes) = saved
 
     def serialise(self) -> bytes:
         """The bytes to forward: the client's own when no step changed anything."""
@@ -118,7 +194,10 @@ class Exchange:
             return self.raw
         if has_lossy_number(self.body):
             raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
-        return orjson.dumps(self.body)
+        try:
+            return orjson.dumps(self.body)
+        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
+            raise NotAResponsesRequest(f"the body cannot be written back: {exc}") from exc
 
 
 _LOSSY = float(2**63)

@@ -20,7 +20,7 @@ from memory.step import MemoryStep
 from memory.stores import make_store
 from memory.working import Working
 from proxy.app import METRICS, SETTINGS
-from proxy.pipeline import Step
+from request import Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
 
@@ -101,7 +101,8 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         recaller=recaller,
         queue=queue,
         health=health,
-        metrics=metrics,
+        recall_seconds=metrics.recall_seconds,
+        recalled=metrics.recall_hits,
     )
     # The tokenizer loads in most of a second: now, off the loop, not on the first turn.
     await asyncio.to_thread(tokens.encoding_name)

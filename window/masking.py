@@ -7,10 +7,7 @@ and the provider's prompt cache keeps working.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-Item = dict[str, Any]
+from request import Item
 
 # The item types that carry a tool's output (function tools and freeform custom tools).
 OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
@@ -50,18 +47,16 @@ def mask_output(item: Item, keep_chars: int) -> Item:
     return item
 
 
-def mask_range(items: Sequence[Item], start: int, end: int, keep_chars: int) -> tuple[
-    list[Item], int
-]:
-    """A new list with the tool outputs in ``items[start:end]`` masked, and how many changed.
+def mask_range(items: list[Item], start: int, end: int, keep_chars: int) -> int:
+    """Mask the tool outputs in ``items[start:end]`` in place; returns how many changed.
 
-    The client's items are never modified: changed ones are copies.
+    ``items`` must be the caller's own list: the client's items are never modified, changed
+    ones are replaced by copies.
     """
-    out = list(items)
     changed = 0
-    for i in range(max(start, 0), min(end, len(out))):
-        masked = mask_output(out[i], keep_chars)
-        if masked is not out[i]:
-            out[i] = masked
+    for i in range(max(start, 0), min(end, len(items))):
+        masked = mask_output(items[i], keep_chars)
+        if masked is not items[i]:
+            items[i] = masked
             changed += 1
-    return out, changed
+    return changed

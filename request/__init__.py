@@ -1,0 +1,27 @@
+"""The request model: one parse of a Responses request (its items, turns and sender) that
+every step reads. Pure: no I/O, and nothing above ``config`` imported."""
+
+from request.exchange import (
+    Exchange,
+    Identity,
+    NotAResponsesRequest,
+    Notes,
+    Step,
+    has_lossy_number,
+    user_digest,
+)
+from request.history import Cut, History, digest
+from request.items import (
+    Item,
+    is_compaction_message,
+    is_context,
+    is_message,
+    is_turn_start,
+    message_text,
+)
+
+__all__ = [
+    "Cut", "Exchange", "History", "Identity", "Item", "NotAResponsesRequest", "Notes", "Step",
+    "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
+    "is_turn_start", "message_text", "user_digest",
+]

@@ -1,0 +1,116 @@
+"""A request's ``input`` as a history of turns, parsed once and read by every step.
+
+A *turn* starts at a user message that is a real prompt (not one of the agent's context
+messages) and runs to the next one. Context is pinned wherever it stands; a turn's reasoning,
+calls, outputs and unknown items belong to it; items sharing a ``call_id`` go together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from request.items import Item, is_compaction_message, is_context, is_message, message_text
+
+__all__ = ["Cut", "History", "digest"]
+
+
+def digest(*parts: object) -> str:
+    """A short stable digest of JSON-able parts (keys derived from content)."""
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """The history with its oldest turns removed: what is forwarded and what is not."""
+
+    items: list[Item]  # forwarded, in input order
+    removed: list[Item]  # cut, in input order
+    starts: list[int]  # positions of the kept turns' prompts in ``items``
+
+
+class History:
+    """The client's ``input`` items, their turns, context flags and call links.
+
+    One pass over the items builds it; nothing here copies or changes an item.
+    """
+
+    __slots__ = ("_calls", "_prompt_keys", "compacted", "context", "items", "starts")
+
+    def __init__(self, items: Sequence[Item]) -> None:
+        self.items: Sequence[Item] = items
+        self.context: list[bool] = []
+        self.starts: list[int] = []  # index of each turn's prompt
+        self.compacted = False  # a compaction rewrote it: its first prompt is not the session's
+        self._calls: dict[str, list[int]] = {}
+        self._prompt_keys: tuple[str, list[str]] | None = None
+        for i, item in enumerate(items):
+            context = is_context(item)
+            self.context.append(context)
+            if is_message(item) and item.get("role") == "user":
+                if not context:
+                    self.starts.append(i)
+                elif not self.compacted and is_compaction_message(item):
+                    self.compacted = True
+            call_id = item.get("call_id")
+            if isinstance(call_id, str):
+                self._calls.setdefault(call_id, []).append(i)
+
+    @property
+    def turns(self) -> int:
+        return len(self.starts)
+
+    def span(self, n: int) -> tuple[int, int]:
+        """Turn ``n``'s items as a slice: from its prompt to the next prompt."""
+        end = self.starts[n + 1] if n + 1 < len(self.starts) else len(self.items)
+        return self.starts[n], end
+
+    def prompt(self, n: int) -> Item:
+        return self.items[self.starts[n]]
+
+    def prompt_text(self, n: int) -> str:
+        return message_text(self.prompt(n))
+
+    def turn_items(self, n: int) -> tuple[Item, ...]:
+        """Turn ``n``'s own items (its context messages left out), prompt first."""
+        start, end = self.span(n)
+        return tuple(self.items[i] for i in range(start, end) if not self.context[i])
+
+    def prompt_keys(self, session: str) -> list[str]:
+        """Each turn's key: from the session and its prompt alone, so that any request whose
+        history holds the turn derives the same key."""
+        if self._prompt_keys is None or self._prompt_keys[0] != session:
+            keys = [
+                "prompt:" + digest(session, message_text(p), p.get("id"))
+                for p in (self.items[i] for i in self.starts)
+            ]
+            self._prompt_keys = (session, keys)
+        return self._prompt_keys[1]
+
+    def keep_from(self, first: int) -> Cut:
+        """Cut the turns before turn ``first``, keeping context and linked calls."""
+        if first <= 0 or not self.starts:
+            return Cut(list(self.items), [], list(self.starts))
+        boundary = self.starts[first] if first < len(self.starts) else len(self.items)
+        head = self.starts[0]
+        keep = [i < head or i >= boundary or c for i, c in enumerate(self.context)]
+        # Calls and their outputs travel together: if any item of a call_id is kept, keep all.
+        for indices in self._calls.values():
+            if len(indices) > 1 and any(keep[i] for i in indices):
+                for i in indices:
+                    keep[i] = True
+        items: list[Item] = []
+        removed: list[Item] = []
+        starts: list[int] = []
+        kept_starts = set(self.starts[first:])
+        for i, item in enumerate(self.items):
+            if keep[i]:
+                if i in kept_starts:
+                    starts.append(len(items))
+                items.append(item)
+            else:
+                removed.append(item)
+        return Cut(items, removed, starts)

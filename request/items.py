@@ -1,0 +1,83 @@
+"""What the items of a Responses ``input`` list are: the one place that tells a prompt from
+the agent's context, and a compaction from an ordinary turn.
+
+The markers come from what Codex CLI 0.169.0 sends (``../shared/fixtures/codex/README.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "COMPACTION_MARKERS", "CONTEXT_MARKERS", "Item", "is_compaction_message", "is_context",
+    "is_message", "is_turn_start", "message_text",
+]
+
+Item = dict[str, Any]
+
+# Codex's compaction prompt, and the summary message that replaces a compacted history.
+COMPACTION_MARKERS = (
+    "You are performing a CONTEXT CHECKPOINT COMPACTION",
+    "Another language model started to solve this problem",
+)
+# User-role messages that carry the agent's context, not a prompt.
+CONTEXT_MARKERS = (
+    "<environment_context>",
+    "# AGENTS.md instructions",
+    "<user_instructions>",
+    *COMPACTION_MARKERS,
+)
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def message_text(item: Item) -> str:
+    """The concatenated text of a message item's content ('' for anything else)."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(
+        part["text"] for part in content
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    )
+
+
+def _first_text(item: Item) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                return str(part["text"])
+    return ""
+
+
+def is_message(item: Item) -> bool:
+    # The Responses API accepts EasyInputMessage items without a "type".
+    return item.get("type", "message") == "message" and "role" in item
+
+
+def _user_starts_with(item: Item, markers: tuple[str, ...]) -> bool:
+    return item.get("role") == "user" and _first_text(item).lstrip().startswith(markers)
+
+
+def is_context(item: Item) -> bool:
+    """A message of the agent's context: system, developer, or a user-role context message."""
+    if not is_message(item):
+        return item.get("type") == "additional_tools"
+    role = item.get("role")
+    return (isinstance(role, str) and role in SYSTEM_ROLES) or _user_starts_with(
+        item, CONTEXT_MARKERS
+    )
+
+
+def is_compaction_message(item: Item) -> bool:
+    """Codex's compaction prompt or the summary a compaction left in the history."""
+    return is_message(item) and _user_starts_with(item, COMPACTION_MARKERS)
+
+
+def is_turn_start(item: Item) -> bool:
+    """A user message that is a real prompt."""
+    return is_message(item) and item.get("role") == "user" and not is_context(item)
