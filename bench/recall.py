@@ -455,7 +455,7 @@ async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_fact
             timed = Timed(steps[found[0]], steps[found[0]].name)
             steps[found[0]] = timed  # type: ignore[index]
         elif settings.memory_enabled:
-            result.skipped = "the app has no memory step (memory/wiring.py returns None)"
+            result.skipped = "the app has no memory step (proxy/memory_wiring.py returns None)"
             return result
         rng = random.Random(seed)
         async with aiohttp.ClientSession() as client:
