@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CODEX_VERSION := 0.169.0
 
-.PHONY: run test lint bench bench-economics services clean
+.PHONY: run test lint bench bench-economics bench-trajectories services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ bench: $(STAMP)
 
 bench-economics: $(STAMP)
 	$(BIN)/python -m bench.economics
+
+bench-trajectories: $(STAMP)
+	$(BIN)/python -m bench.trajectories $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache

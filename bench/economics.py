@@ -19,13 +19,18 @@ import asyncio
 import base64
 import itertools
 import logging
+import os
+import platform
 import random
+import re
+import shlex
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +38,30 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from bench._codex import (
+    AUTO_COMPACT_TOKENS,
+    AutoCompact,
+    compaction_input,
+    is_compaction_request,
+    is_summary,
+    message_text,
+    prompt_starts,
+    read_answer,
+)
+from bench._results import write_block
 from bench.pricing import BLOCK_TOKENS, Bill, PricingUpstream, PromptTokenizer, message
-from config import load_settings
+from config import Settings, load_settings
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
 from proxy.assemble import build_app
-from proxy.sse import parse_events
-from request import History, message_text
 
 Item = dict[str, Any]
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"
 SHAPE = "03_resume_7turns/0001_POST_v1_responses.json"
 PNG = Path(__file__).resolve().parent / "economics.png"
+SECTION = "## Context economics"
+BEGIN = "<!-- economics-run:begin (written by bench/economics.py) -->"
+END = "<!-- economics-run:end -->"
 
 # --- the real shapes -------------------------------------------------------------------------
 
@@ -59,14 +76,21 @@ class Shapes:
     meta: dict[str, Any]  # x-codex-turn-metadata
 
     def request(
-        self, history: list[Item], thread: str, turn_id: str
+        self, history: list[Item], thread: str, turn_id: str, kind: str = "turn"
     ) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of one request; ``kind="compaction"`` as Codex sends its local
+        compaction (no tools, ``request_kind`` and ``compaction`` in the turn metadata)."""
         meta = {**self.meta, "session_id": thread, "thread_id": thread, "turn_id": turn_id,
-                "root_turn_id": turn_id, "window_id": f"{thread}:0"}
+                "root_turn_id": turn_id, "window_id": f"{thread}:0", "request_kind": kind}
+        if kind == "compaction":
+            meta["compaction"] = {"trigger": "auto", "reason": "context_limit",
+                                  "implementation": "responses", "strategy": "memento"}
         meta_json = orjson.dumps(meta).decode()
         body = {**self.body, "input": history, "prompt_cache_key": thread,
                 "client_metadata": {"thread_id": thread, "turn_id": turn_id,
                                     "x-codex-turn-metadata": meta_json}}
+        if kind == "compaction":
+            body["tools"] = []
         headers = {**self.headers, "x-codex-turn-metadata": meta_json, "session-id": thread,
                    "thread-id": thread, "x-client-request-id": thread,
                    "x-codex-window-id": f"{thread}:0"}
@@ -77,7 +101,7 @@ def load_shapes(path: Path = FIXTURES / SHAPE) -> Shapes:
     data = orjson.loads(path.read_bytes())
     body, headers = data["body"], data["headers"]
     items = body["input"]
-    context = items[: History(items).starts[0]]
+    context = items[: prompt_starts(items)[0]]
     keep = ("x-codex-beta-features", "originator", "User-Agent", "Accept", "Content-Type")
     return Shapes(
         context=context,
@@ -312,16 +336,25 @@ class ScriptedModel:
         self.recalled: dict[int, bool] = {}
         self.turn_of: list[int] = []  # the user turn of each request, in order
         self.blocks: dict[int, int] = {}  # user turn -> tokens of its recall message
+        self.compactions = 0
 
     def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
         items = body.get("input") or []
-        starts = History(items).starts
+        starts = prompt_starts(items)
         turn = self.turns.get(message_text(items[starts[-1]])) if starts else None
         if turn is None:  # not a session request (a side call of the proxy): billed, echoed
             self.turn_of.append(0)
             return [message("ok")]
+        # Calls done in this turn: the outputs since its prompt, plus what a summary after the
+        # prompt says (a compaction in the middle of the turn removed the outputs before it).
         done = sum(1 for i in items[starts[-1]:] if i.get("type") == "function_call_output")
+        done += sum(int(m[1]) for i in items[starts[-1]:] if is_summary(i)
+                    for m in [re.search(r"(\d+) tool calls done", message_text(i))] if m)
         self.turn_of.append(turn.index)
+        if is_compaction_request(items):  # the client's compaction: a summary that keeps count
+            self.compactions += 1
+            return [message(f"SUMMARY: the user is on turn {turn.index} "
+                            f"({turn.prompt[:120]}); {done} tool calls done in this turn.")]
         if done == 0 and turn.ask is not None:
             self.recalled[turn.index] = turn.ask.value.encode() in raw
         before = items[starts[-1] - 1]
@@ -341,27 +374,40 @@ class SimClock:
 
 
 async def replay(http: aiohttp.ClientSession, base_url: str, session: Session, shapes: Shapes,
-                 clock: SimClock) -> list[dict[str, int]]:
-    """Play the session as Codex would; returns the usage the client saw per request."""
+                 clock: SimClock, compact: AutoCompact | None = None) -> list[dict[str, int]]:
+    """Play the session as Codex would, auto-compaction included (bench/_codex.py); returns
+    the usage the client saw per request."""
     r = random.Random(session.thread)
+    compact = compact or AutoCompact()
     history = list(shapes.context)
     seen: list[dict[str, int]] = []
+
+    async def send(items: list[Item], turn_id: str, kind: str = "turn") -> list[Item]:
+        body, headers = shapes.request(items, session.thread, turn_id, kind)
+        async with http.post(base_url + "/responses", data=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            output, usage = read_answer(await resp.read())
+        clock.now += r.uniform(2, 20)  # the model thinks
+        seen.append(usage)
+        compact.seen(usage["input"])
+        return output
+
+    async def compaction(turn_id: str) -> list[Item]:
+        output = await send(compaction_input(history), turn_id, "compaction")
+        summary = message_text(next(i for i in output if i.get("type") == "message"))
+        return compact.compacted(history, len(shapes.context), summary, TOKENIZER.count,
+                                 f"msg_summary_{compact.count}")
+
     for turn in session.turns:
         clock.now += turn.think_s
         turn_id = f"{session.thread[:-4]}{turn.index:04d}"
+        if compact.due:  # before the turn, as Codex does ("pre_turn")
+            history = await compaction(turn_id)
         history.append({"type": "message", "id": f"msg_user_t{turn.index:03d}", "role": "user",
                         "content": [{"type": "input_text", "text": turn.prompt}]})
         while True:
-            body, headers = shapes.request(history, session.thread, turn_id)
-            async with http.post(base_url + "/responses", data=body, headers=headers) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
-                events = parse_events(await resp.read())
-            clock.now += r.uniform(2, 20)  # the model thinks
-            output = [e["data"]["item"] for e in events
-                      if isinstance(e["data"], dict)
-                      and e["data"].get("type") == "response.output_item.done"]
-            seen.append(_usage(events))
+            output = await send(history, turn_id)
             history.extend(output)
             calls = [i for i in output if i.get("type") == "function_call"]
             if not calls:
@@ -371,17 +417,9 @@ async def replay(http: aiohttp.ClientSession, base_url: str, session: Session, s
                 history.append({"type": "function_call_output", "id": f"fco_{call['call_id']}",
                                 "call_id": call["call_id"],
                                 "output": turn.outputs[call["call_id"]]})
+            if compact.due:  # in the middle of the turn ("mid_turn")
+                history = await compaction(turn_id)
     return seen
-
-
-def _usage(events: list[dict[str, Any]]) -> dict[str, int]:
-    for e in events:
-        data = e["data"]
-        if isinstance(data, dict) and data.get("type") == "response.completed":
-            u = data["response"]["usage"]
-            cached = u["input_tokens_details"]["cached_tokens"]
-            return {"input": u["input_tokens"], "cached": cached}
-    raise RuntimeError("stream ended without response.completed")
 
 
 # --- strategies and runs ---------------------------------------------------------------------
@@ -432,6 +470,7 @@ class Run:
     blocks: dict[int, int]  # user turn -> tokens of the recall message put before it
     seconds: float
     front_tokens: int  # tools + context messages: what a warm cache always covers
+    compactions: int = 0  # the client's own auto-compactions
 
     @property
     def front_misses(self) -> int:
@@ -486,7 +525,7 @@ def seed_knowledge(data_dir: Path, team_id: str) -> None:
 
 
 async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: float,
-                  data_dir: Path) -> Run:
+                  data_dir: Path, limit: int = AUTO_COMPACT_TOKENS) -> Run:
     clock = SimClock()
     model = ScriptedModel(session)
     upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
@@ -494,14 +533,16 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
     timeout = aiohttp.ClientTimeout(total=300)
     async with serving(upstream.app()) as up_url, aiohttp.ClientSession(timeout=timeout) as http:
         if strategy.settings is None:
-            seen = await replay(http, up_url + "/v1", session, shapes, clock)
+            seen = await replay(http, up_url + "/v1", session, shapes, clock,
+                                AutoCompact(limit=limit))
         else:
             if strategy.settings.get("team_id"):
                 seed_knowledge(data_dir, strategy.settings["team_id"])
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
                                      log_level="WARNING", **strategy.settings)
             async with serving(build_app(settings)) as proxy_url:
-                seen = await replay(http, proxy_url + "/v1", session, shapes, clock)
+                seen = await replay(http, proxy_url + "/v1", session, shapes, clock,
+                                    AutoCompact(limit=limit))
     billed = [{"input": b.input_tokens, "cached": b.cached_tokens}
               for b, turn in zip(upstream.bills, model.turn_of, strict=True) if turn]
     if seen != billed:  # the client must see exactly what it was billed for
@@ -509,7 +550,7 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
     # The static front of every request: the tools and Codex's context messages.
     front = len(TOKENIZER.prompt({"tools": shapes.body.get("tools"), "input": shapes.context}))
     return Run(strategy, session, upstream.bills, model.turn_of, model.recalled, model.blocks,
-               time.perf_counter() - started, front)
+               time.perf_counter() - started, front, model.compactions)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -522,8 +563,9 @@ def table(runs: Sequence[Run]) -> str:
         groups.setdefault((len(run.session.turns), run.strategy.name), []).append(run)
     direct = {n: g for (n, name), g in groups.items() if g[0].strategy.settings is None}
     rows = ["| turns | strategy | requests | input tokens | cached | cost @10% | cost @25% "
-            "| largest request | front re-reads | recall blocks | fact recall | from user / tool |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| largest request | client compactions | front re-reads | recall blocks "
+            "| fact recall | from user / tool |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (turns, name), group in groups.items():
         bills = [b for run in group for b in run.bills]
         total = sum(b.input_tokens for b in bills)
@@ -544,7 +586,7 @@ def table(runs: Sequence[Run]) -> str:
         rows.append(
             f"| {turns} | {name} | {len(bills)} | {total:,} | {cached / total:.0%} | {rel[0]} "
             f"| {rel[1]} | {max(b.input_tokens for b in bills):,} "
-            f"| {sum(r.front_misses for r in group)} "
+            f"| {sum(r.compactions for r in group)} | {sum(r.front_misses for r in group)} "
             f"| {len(blocks)}/{turns * len(group)}, {sum(blocks) // max(len(blocks), 1)} tok "
             f"| {hits}/{asks} ({hits / max(asks, 1):.0%}) | {by_source} |"
         )
@@ -584,17 +626,25 @@ def plot(runs: Sequence[Run], path: Path) -> None:
 
 
 def parse_strategy(spec: str) -> Strategy:
-    """``name:key=value,key=value`` (settings names, JSON values) -> a proxy strategy: the
-    defaults with these settings changed."""
+    """``name:key=value,key=value`` -> a proxy strategy: the defaults with these settings
+    changed. Keys are settings names (``trim_slack``) or their variables (``TRIM_SLACK``,
+    ``CTXPROXY_TRIM_SLACK``); values are JSON, else strings."""
     name, _, rest = spec.partition(":")
-    settings: dict[str, Any] = dict(SIMULATED_TIME)
-    for pair in filter(None, rest.split(",")):
+    return Strategy(name, {**SIMULATED_TIME, **strategy_settings(name, rest)}, rest)
+
+
+def strategy_settings(name: str, pairs: str) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for pair in filter(None, pairs.split(",")):
         key, _, raw = pair.partition("=")
+        key = key.strip().lower().removeprefix("ctxproxy_")
+        if key not in Settings.model_fields:  # Settings ignores unknown keys: refuse instead
+            raise ValueError(f"strategy {name}: there is no setting {key!r}")
         try:
             settings[key] = orjson.loads(raw)
         except orjson.JSONDecodeError:
             settings[key] = raw
-    return Strategy(name, settings, rest)
+    return settings
 
 
 async def main_async(args: argparse.Namespace) -> list[Run]:
@@ -609,7 +659,8 @@ async def main_async(args: argparse.Namespace) -> list[Run]:
                 session = build_session(turns, seed)
                 for strategy in strategies:
                     data_dir = Path(tmp) / f"{strategy.name}-{turns}-{seed}"
-                    run = await run_one(strategy, session, shapes, args.ttl, data_dir)
+                    run = await run_one(strategy, session, shapes, args.ttl, data_dir,
+                                        args.limit)
                     print(f"  {turns:3d} turns  seed {seed}  {strategy.name:10s} "
                           f"{len(run.bills):4d} requests {run.seconds:6.1f}s", file=sys.stderr)
                     runs.append(run)
@@ -628,14 +679,52 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1, help="first session seed")
     parser.add_argument("--seeds", type=int, default=2, help="sessions per length")
     parser.add_argument("--plot", type=Path, default=PNG, help="PNG of cumulative cost")
+    parser.add_argument("--limit", type=int, default=AUTO_COMPACT_TOKENS,
+                        help="the client's auto-compaction limit, reported input tokens")
+    parser.add_argument("--no-write", action="store_true", help="don't touch bench/RESULTS.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     started = time.perf_counter()
     runs = asyncio.run(main_async(args))
-    print(table(runs))
+    seconds = time.perf_counter() - started
+    command = "python -m bench.economics" + "".join(
+        f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv))
+    text = report(runs, args, seconds, command)
+    print(text)
     plot([r for r in runs if r.session.seed == args.seed], args.plot)
-    print(f"\nplot: {args.plot} (seed {args.seed})  {time.perf_counter() - started:.0f} s",
-          file=sys.stderr)
+    if not args.no_write:
+        write_block(SECTION, BEGIN, END, text)
+    print(f"\nplot: {args.plot} (seed {args.seed})  {seconds:.0f} s", file=sys.stderr)
+
+
+def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, command: str) -> str:
+    """The RESULTS.md block: how it was measured, then the table."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    strategies = "; ".join(dict.fromkeys(
+        f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
+    return "\n".join([
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}` ({args.seeds} "
+        f"seeds per length, cache TTL {args.ttl:.0f} s) on {os.cpu_count()} shared cores, "
+        f"Python {platform.python_version()}; load average at the end {load}; run time "
+        f"{seconds:.0f} s. Plot: `bench/{args.plot.name}` (seed {args.seed}, cumulative input "
+        "cost per user turn, cached tokens at 10%).",
+        "",
+        "Sessions: the real Codex 0.169.0 request shape (`03_resume_7turns`), 0-4 "
+        "`exec_command` calls a turn with 1-8 KB outputs, one request per model step; facts "
+        "planted in the first third (by the user or in a tool output), asked in the second "
+        "half. Costs are input tokens only, relative to direct at the same length and seeds. "
+        "The client compacts as Codex does (bench/_codex.py), direct and through the proxy: "
+        f"when the input tokens the server reported pass {args.limit:,}, one compaction "
+        "request (whole history + compaction prompt, no tools; priced like any request), "
+        "then the context, the prompts (at most 20k tokens) and the summary; through the "
+        "proxy the server reports the forwarded size. *front re-reads*: requests whose cache "
+        "broke inside the tools + context messages (a compaction request, with no tools, is "
+        "one).",
+        "",
+        f"Strategies: {strategies}.",
+        "",
+        table(runs),
+    ])
 
 
 if __name__ == "__main__":

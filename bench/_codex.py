@@ -1,0 +1,139 @@
+"""The Codex client's side of a replayed session: what a prompt is, reading the SSE answer,
+and Codex's local auto-compaction (``../shared/fixtures/codex/10_autocompact_custom_provider``).
+
+Codex 0.169.0 with a custom provider compacts on its own: when the input tokens the server
+reported for its last request pass its limit, it sends one compaction request (the whole
+history plus ``COMPACTION_PROMPT``, ``tools: []``, ``request_kind: "compaction"``), and its
+history becomes the system prompt, the real prompts so far (newest first, at most about 20k
+tokens), the other context messages, the newest prompt and the summary message. The bench
+models exactly that, direct and through the proxy: through the proxy the server reports the
+forwarded size, so the client compacts later or never.
+
+Deliberately independent of ``proxy``/``request``: the client must not share the code it
+measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+Item = dict[str, Any]
+
+AUTO_COMPACT_TOKENS = 220_000
+USER_MESSAGES_TOKENS = 20_000
+COMPACTION_PROMPT = (
+    "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another "
+    "LLM that will resume the task.\n\nInclude:\n- Current progress and key decisions made\n- "
+    "Important context, constraints, or user preferences\n- What remains to be done (clear "
+    "next steps)\n- Any critical data, examples, or references needed to continue\n\nBe "
+    "concise, structured, and focused on helping the next LLM seamlessly continue the work.\n"
+)
+SUMMARY_PREFIX = (
+    "Another language model started to solve this problem and produced a summary of its "
+    "thinking process. You also have access to the state of the tools that were used by that "
+    "language model. Use this to build on the work that has already been done and avoid "
+    "duplicating work. Here is the summary produced by the other language model, use the "
+    "information in this summary to assist with your own analysis:\n"
+)
+_CONTEXT_PREFIXES = ("<environment_context>", "# AGENTS.md instructions", "<user_instructions>",
+                     COMPACTION_PROMPT[:40], SUMMARY_PREFIX[:40])
+
+
+def message_text(item: Item) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def is_prompt(item: Item) -> bool:
+    """A user message that is a real prompt, not one of Codex's context messages."""
+    return (item.get("type") == "message" and item.get("role") == "user"
+            and not message_text(item).lstrip().startswith(_CONTEXT_PREFIXES))
+
+
+def is_summary(item: Item) -> bool:
+    return item.get("type") == "message" and message_text(item).startswith(SUMMARY_PREFIX)
+
+
+def is_compaction_request(items: list[Item]) -> bool:
+    return bool(items) and message_text(items[-1]).startswith(COMPACTION_PROMPT[:40])
+
+
+def prompt_starts(items: list[Item]) -> list[int]:
+    return [n for n, item in enumerate(items) if is_prompt(item)]
+
+
+def user_message(text: str, item_id: str) -> Item:
+    return {"type": "message", "id": item_id, "role": "user",
+            "content": [{"type": "input_text", "text": text}]}
+
+
+def read_answer(raw: bytes) -> tuple[list[Item], dict[str, int]]:
+    """The output items and usage of a streamed Responses answer."""
+    output: list[Item] = []
+    usage: dict[str, int] | None = None
+    for frame in raw.split(b"\n\n"):
+        for line in frame.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            data = orjson.loads(line[5:])
+            if data.get("type") == "response.output_item.done":
+                output.append(data["item"])
+            elif data.get("type") == "response.completed":
+                u = data["response"]["usage"]
+                usage = {"input": u["input_tokens"],
+                         "cached": u["input_tokens_details"]["cached_tokens"]}
+    if usage is None:
+        raise RuntimeError("stream ended without response.completed")
+    return output, usage
+
+
+@dataclass
+class AutoCompact:
+    """Codex's client-side trigger: the last *reported* input tokens against the limit."""
+
+    limit: int = AUTO_COMPACT_TOKENS
+    user_tokens: int = USER_MESSAGES_TOKENS
+    last_reported: int = 0
+    count: int = 0
+
+    def seen(self, input_tokens: int) -> None:
+        self.last_reported = input_tokens
+
+    @property
+    def due(self) -> bool:
+        return self.last_reported > self.limit
+
+    def compacted(self, history: list[Item], n_context: int, summary: str,
+                  count_tokens: Callable[[str], int], item_id: str) -> list[Item]:
+        """The history after a compaction: as in the fixture's requests 0005, 0008 and 0011."""
+        self.count += 1
+        self.last_reported = 0
+        context, prompts = history[:n_context], [i for i in history if is_prompt(i)]
+        kept: list[Item] = []
+        budget = self.user_tokens
+        for item in reversed(prompts):
+            text = message_text(item)
+            tokens = count_tokens(text)
+            if tokens > budget:
+                if budget > 0:  # the oldest one that fits only in part is cut to the budget
+                    kept.append({**item, "content": [
+                        {"type": "input_text", "text": text[-budget * 4:]}]})
+                break
+            kept.append(item)
+            budget -= tokens
+        kept.reverse()
+        older, newest = kept[:-1], kept[-1:]
+        return [*context[:1], *older, *context[1:], *newest,
+                user_message(SUMMARY_PREFIX + summary, item_id)]
+
+
+def compaction_input(history: list[Item]) -> list[Item]:
+    return [*history, user_message(COMPACTION_PROMPT, f"msg_compact_{len(history)}")]

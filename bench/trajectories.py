@@ -1,0 +1,623 @@
+"""Real agent runs replayed as Codex sessions, direct and through ctxproxy, with Codex's own
+auto-compaction on the client side; priced by bench/pricing.py.
+
+    python -m bench.trajectories                       # a subset of 20 runs, every strategy
+    python -m bench.trajectories --all                 # all 60 runs
+    python -m bench.trajectories --strategies direct,defaults --strategy k3:KEEP_TURNS=3
+
+The runs in ../shared/trajectories (mini-swe-agent, one shell command per model call) become
+Codex requests: Codex's context messages and the run's system message as a developer message,
+the task as a user prompt, each model step as a ``reasoning`` item (its real encrypted content
+where the run kept one), an ``exec_command`` call and its output in Codex's exec format, and a
+closing answer. A session is one task, or N tasks in a row (one user turn each); later tasks
+of a multi-task session also ask for a fact an earlier task's output showed (the blob hashes
+of the patch it submitted). Direct and through the proxy, the client compacts as Codex does
+(bench/_codex.py) when the input tokens the server reported pass 220k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import logging
+import os
+import platform
+import random
+import re
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench._codex import AutoCompact, compaction_input, read_answer, user_message
+from bench._results import write_block
+from bench.economics import (
+    SIMULATED_TIME,
+    TOKENIZER,
+    Shapes,
+    SimClock,
+    load_shapes,
+    serving,
+    strategy_settings,
+)
+from bench.pricing import Bill, PricingUpstream, message
+from config import load_settings
+from proxy.assemble import build_app
+
+Item = dict[str, Any]
+TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "trajectories"
+PNG = Path(__file__).resolve().parent / "trajectories.png"
+SECTION = "## Real agent runs"
+BEGIN = "<!-- trajectories:begin (written by bench/trajectories.py) -->"
+END = "<!-- trajectories:end -->"
+CACHED_PRICE = 0.1
+WORKDIR = "/testbed"
+
+# --- the runs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    thought: str
+    command: str
+    output: str  # as Codex's exec_command reports it
+    encrypted: str
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    system: str
+    prompt: str
+    steps: tuple[Step, ...]
+
+    @property
+    def submitted(self) -> str:
+        return self.steps[-1].output if self.steps else ""
+
+
+_BASH = re.compile(r"```bash\s*\n(.*?)\n?```", re.S)
+_RC = re.compile(r"\s*<returncode>(-?\d+)</returncode>\s*(.*)", re.S)
+# Reasoning items of runs that kept no encrypted reasoning get a blob of the median size of
+# those that did (1,004 characters over the 60 runs), so every step carries one.
+ENCRYPTED_CHARS = 1004
+
+
+def load_task(path: Path) -> Task:
+    """One mini-swe-agent trajectory file as a task of Codex steps."""
+    data = orjson.loads(path.read_bytes())
+    messages = data["messages"]
+    name = str(data.get("instance_id") or path.name.split(".")[0])
+    system = next(m["content"] for m in messages if m["role"] == "system")
+    users = [m for m in messages if m["role"] == "user"]
+    steps = []
+    replies = iter(users[1:])
+    r = random.Random(name)
+    for m in messages:
+        if m["role"] != "assistant":
+            continue
+        reply = next(replies, None)
+        if reply is None:  # the run stopped after a call without an answer: nothing to replay
+            break
+        blocks = _BASH.findall(m["content"])
+        thought = _BASH.sub("", m["content"]).strip()
+        steps.append(Step(thought, blocks[0] if blocks else "", exec_output(reply["content"], r),
+                          _encrypted(m, r)))
+    return Task(name, system, users[0]["content"], tuple(steps))
+
+
+def exec_output(text: str, r: random.Random) -> str:
+    match = _RC.match(text)
+    code, body = (int(match[1]), match[2]) if match else (0, text)
+    body = body.removeprefix("<output>").removesuffix("\n").removesuffix("</output>")
+    return (f"Chunk ID: {r.randbytes(3).hex()}\nWall time: {r.uniform(0.05, 4):.4f} seconds\n"
+            f"Process exited with code {code}\nOriginal token count: {len(body) // 4}\n"
+            f"Output:\n{body}")
+
+
+def _encrypted(m: dict[str, Any], r: random.Random) -> str:
+    details = ((m.get("extra") or {}).get("response") or {}).get("choices") or [{}]
+    parts = (details[0].get("message") or {}).get("reasoning_details") or []
+    real = "".join(p.get("data") or "" for p in parts if p.get("type") == "reasoning.encrypted")
+    if real:
+        return real
+    return base64.b64encode(r.randbytes(r.randint(ENCRYPTED_CHARS // 2, ENCRYPTED_CHARS))).decode()
+
+
+# --- names, for sufficiency -------------------------------------------------------------------
+
+_NAMES = re.compile(
+    r"(?:[\w.-]+/)+[\w.-]+"  # a path with a slash
+    r"|\b[\w-]+\.(?:py|txt|cfg|ini|toml|json|html|rst|sh|js|css|ya?ml|sql|po)\b"  # a file
+    r"|\b_?[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b"  # snake_case
+    r"|\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b"  # CamelCase
+    r"|\b[a-z]+(?:[A-Z][a-z0-9]*)+\b"  # camelCase
+)
+
+
+def names(text: str) -> set[str]:
+    """The paths and identifiers in a text (not plain words: those say nothing about memory)."""
+    return {n.strip("./") for n in _NAMES.findall(text) if len(n.strip("./")) >= 4}
+
+
+# --- sessions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ask:
+    task: int  # 0-based task of the session that asks
+    source: int  # the earlier task whose output showed the value
+    value: str
+    question: str
+
+
+@dataclass(frozen=True)
+class Session:
+    kind: str  # "1 task", "5 tasks", ...
+    thread: str
+    tasks: tuple[Task, ...]
+    asks: tuple[Ask, ...] = ()
+
+    def prompt(self, j: int) -> str:
+        asks = [a.question for a in self.asks if a.task == j]
+        return "".join(f"{q}\n\n" for q in asks) + self.tasks[j].prompt
+
+
+_INDEX = re.compile(r"^index ([0-9a-f]{7,}\.\.[0-9a-f]{7,})", re.M)
+_DIFF = re.compile(r"^diff --git a/(\S+)", re.M)
+
+
+def build_session(tasks: Sequence[Task]) -> Session:
+    """``tasks`` in a row; in the second half, each task asks for the patch of an earlier one."""
+    thread = stable_thread([t.name for t in tasks])
+    kind = f"{len(tasks)} task" + ("s" if len(tasks) > 1 else "")
+    asks: list[Ask] = []
+    for j in range(len(tasks) // 2 + len(tasks) % 2, len(tasks)) if len(tasks) > 1 else ():
+        source = j - (len(tasks) + 1) // 2
+        value, path = _INDEX.search(tasks[source].submitted), _DIFF.search(tasks[source].submitted)
+        others = "".join(t.prompt + "".join(s.output + s.command for s in t.steps)
+                         for i, t in enumerate(tasks) if i != source)
+        if value is None or path is None or value[1] in others:
+            continue  # no patch, or its hashes are not unique to that task
+        asks.append(Ask(j, source, value[1], (
+            f"Before you start: in an earlier task you changed `{path[1]}`. Which blob hashes did "
+            "the `index` line of its `git diff --cached` show? I need them for the release notes."
+        )))
+    return Session(kind, thread, tuple(tasks), tuple(asks))
+
+
+def stable_thread(names_: Sequence[str]) -> str:
+    digest = sum((i + 1) * b for i, b in enumerate("|".join(names_).encode())) % 10**12
+    return f"019b7a00-{len(names_):04d}-7000-8000-{digest:012d}"
+
+
+# --- the model and the client -----------------------------------------------------------------
+
+
+@dataclass
+class Expect:
+    """What the client's next request is for; the fake model answers from it."""
+
+    kind: str  # "turn" or "compaction"
+    task: int
+    step: int
+    extends: bool  # the client's request extends its previous one
+    names: frozenset[str] = frozenset()  # of the next command: seen earlier in the session
+    older: frozenset[str] = frozenset()  # of those, the ones seen only in earlier tasks
+    ask: str | None = None
+    summary: str = ""
+
+
+@dataclass
+class Record:
+    kind: str
+    task: int
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    cut: bool = False
+    memory: bool = False  # the forwarded request carried a memory block
+
+
+@dataclass
+class ReplayModel:
+    """The fake model: answers what the client expects, and looks at what reached it."""
+
+    session: Session
+    expect: Expect | None = None
+    records: list[Record] = field(default_factory=list)
+    names_seen: int = 0
+    names_visible: int = 0
+    older_seen: int = 0
+    older_visible: int = 0
+    asks: dict[int, bool] = field(default_factory=dict)  # task -> its fact reached the model
+    _last: tuple[Any, list[Item]] | None = None
+
+    def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
+        e, self.expect = self.expect, None
+        if e is None or body.get("prompt_cache_key") != self.session.thread:
+            self.records.append(Record("side", -1))  # a call of the proxy's own: billed, echoed
+            return [message("ok")]
+        items = body.get("input") or []
+        last, self._last = self._last, (body.get("instructions"), items)
+        cut = (e.extends and last is not None
+               and (last[0] != body.get("instructions") or items[: len(last[1])] != last[1]))
+        text = raw.decode("utf-8", "replace")
+        self.records.append(Record(e.kind, e.task, cut=cut, memory="_memory>" in text))
+        self.names_seen += len(e.names)
+        self.names_visible += sum(n in text for n in e.names)
+        self.older_seen += len(e.older)
+        self.older_visible += sum(n in text for n in e.older)
+        if e.ask is not None:
+            self.asks[e.task] = e.ask in text
+        if e.kind == "compaction":
+            return [message(e.summary, f"msg_summary_{len(self.records)}")]
+        task = self.session.tasks[e.task]
+        tag = f"{e.task}_{e.step}"
+        if e.step == len(task.steps):
+            return [reasoning(f"rs_{tag}", "**Done**", ""),
+                    message(f"Submitted the fix for {task.name}; the patch is the output of the "
+                            "last command.", f"msg_{tag}")]
+        step = task.steps[e.step]
+        args = orjson.dumps({"cmd": step.command, "workdir": WORKDIR, "yield_time_ms": 10000})
+        return [reasoning(f"rs_{tag}", step.thought, step.encrypted),
+                {"type": "function_call", "status": "completed", "id": f"fc_{tag}",
+                 "name": "exec_command", "arguments": args.decode(), "call_id": f"call_{tag}"}]
+
+
+def reasoning(item_id: str, summary: str, encrypted: str) -> Item:
+    return {"type": "reasoning", "id": item_id,
+            "summary": [{"type": "summary_text", "text": summary}] if summary else [],
+            "content": None, "encrypted_content": encrypted or "gAAAA"}
+
+
+def context(shapes: Shapes, system: str) -> list[Item]:
+    """Codex's context messages, with the run's system message as one more developer message."""
+    return [*shapes.context, {"type": "message", "role": "developer",
+                              "content": [{"type": "input_text", "text": system}]}]
+
+
+def summarise(session: Session, upto: int, step: int, commands: list[str]) -> str:
+    """What the fake summariser writes: the tasks so far, the names the commands used (newest
+    first, at most 80), the last command. It reads the whole history, as a real one would."""
+    used: list[str] = []
+    for cmd in reversed(commands):
+        used += [n for n in sorted(names(cmd)) if n not in used]
+    tasks = "\n".join(
+        f"- {t.name}: " + ("done, patch submitted" if j < upto else f"in progress, {step} steps")
+        for j, t in enumerate(session.tasks[: upto + 1]))
+    last = commands[-1] if commands else ""
+    return (f"SUMMARY:\nTasks:\n{tasks}\nFiles and names worked with: {', '.join(used[:80])}\n"
+            f"Last command: {last[:400]}\nNext: continue the current task.")
+
+
+async def replay(http: aiohttp.ClientSession, url: str, session: Session, shapes: Shapes,
+                 model: ReplayModel, clock: SimClock, compact: AutoCompact) -> list[dict[str, int]]:
+    """Play the session as Codex would; returns the usage the client saw per request."""
+    r = random.Random(session.thread)
+    history = context(shapes, session.tasks[0].system)
+    n_context = len(history)
+    static = names("".join(orjson.dumps(i).decode() for i in history))
+    known: set[str] = set()  # names seen so far in the session, outside the context
+    commands: list[str] = []
+    seen: list[dict[str, int]] = []
+    extends = False
+
+    async def send(expect: Expect, items: list[Item], turn_id: str) -> list[Item]:
+        model.expect = expect
+        body, headers = shapes.request(items, session.thread, turn_id, kind=expect.kind)
+        async with http.post(url + "/responses", data=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            output, usage = read_answer(await resp.read())
+        seen.append(usage)
+        compact.seen(usage["input"])
+        clock.now += r.uniform(2, 20)  # the model thinks
+        return output
+
+    async def compaction(j: int, k: int, turn_id: str) -> None:
+        nonlocal history, extends
+        e = Expect("compaction", j, k, True, summary=summarise(session, j, k, commands))
+        output = await send(e, compaction_input(history), turn_id)
+        summary = next(i for i in output if i.get("type") == "message")["content"][0]["text"]
+        history = compact.compacted(history, n_context, summary, TOKENIZER.count,
+                                    f"msg_summary_{compact.count}_{j}_{k}")
+        extends = False
+
+    for j, task in enumerate(session.tasks):
+        clock.now += r.uniform(20, 240)  # the user reads the last answer, types the next task
+        turn_id = f"{session.thread[:-4]}{j:04d}"
+        if compact.due:
+            await compaction(j, 0, turn_id)
+        prompt = session.prompt(j)
+        history.append(user_message(prompt, f"msg_task_{j:03d}"))
+        prompt_names = names(prompt)
+        in_task: set[str] = set()  # names seen in this task's own steps
+        ask = next((a.value for a in session.asks if a.task == j), None)
+        for k in range(len(task.steps) + 1):
+            if k and compact.due:
+                await compaction(j, k, turn_id)
+            wanted = (names(task.steps[k].command) if k < len(task.steps) else set())
+            wanted = frozenset(n for n in wanted & known if n not in static | prompt_names)
+            e = Expect("turn", j, k, extends, wanted, wanted - in_task,
+                       ask if k == 0 else None)
+            history.extend(await send(e, history, turn_id))
+            extends = True
+            if k < len(task.steps):
+                step = task.steps[k]
+                clock.now += r.uniform(0.1, 5)  # the command runs
+                history.append({"type": "function_call_output", "id": f"fco_{j}_{k}",
+                                "call_id": f"call_{j}_{k}", "output": step.output})
+                commands.append(step.command)
+                learnt = names(step.command) | names(step.output) | names(step.thought)
+                known |= learnt
+                in_task |= learnt
+        known |= prompt_names
+    return seen
+
+
+# --- strategies and runs ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    settings: dict[str, Any] | None  # None: straight to the provider
+    note: str
+
+
+def strategy(spec: str) -> Strategy:
+    """``name:KEY=VALUE,KEY=VALUE`` -> the proxy's defaults with these settings changed; keys
+    are settings names (``trim_slack``) or variables (``KEEP_TURNS``, ``CTXPROXY_KEEP_TURNS``)."""
+    name, _, rest = spec.partition(":")
+    settings = {**SIMULATED_TIME, **strategy_settings(name, rest)}
+    return Strategy(name, settings, rest.replace(",", " ") or "the defaults")
+
+
+DIRECT = Strategy("direct", None, "Codex straight to the provider")
+PRESETS = {"defaults": "defaults:", "k2s0": "k2s0:KEEP_TURNS=2,TRIM_SLACK=0",
+           "k5s0": "k5s0:KEEP_TURNS=5,TRIM_SLACK=0",
+           "k2at120k": "k2at120k:KEEP_TURNS=2,TRIM_AT_TOKENS=120000"}
+
+
+@dataclass
+class Run:
+    strategy: Strategy
+    session: Session
+    bills: list[Bill]
+    records: list[Record]
+    compactions: int
+    names_seen: int
+    names_visible: int
+    older_seen: int
+    older_visible: int
+    asks: dict[int, bool]
+    seconds: float
+
+    def cost(self, cached_price: float = CACHED_PRICE) -> float:
+        return sum(b.input_tokens - b.cached_tokens + cached_price * b.cached_tokens
+                   for b in self.bills)
+
+
+async def run_one(strategy_: Strategy, session: Session, shapes: Shapes, data_dir: Path, *,
+                  ttl_s: float = 600.0, limit: int = 220_000) -> Run:
+    clock = SimClock()
+    model = ReplayModel(session)
+    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
+    compact = AutoCompact(limit=limit)
+    started = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with serving(upstream.app()) as up_url, aiohttp.ClientSession(timeout=timeout) as http:
+        if strategy_.settings is None:
+            seen = await replay(http, up_url + "/v1", session, shapes, model, clock, compact)
+        else:
+            settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
+                                     log_level="WARNING", **strategy_.settings)
+            async with serving(build_app(settings)) as proxy_url:
+                seen = await replay(http, proxy_url + "/v1", session, shapes, model, clock,
+                                    compact)
+    for record, bill in zip(model.records, upstream.bills, strict=True):
+        record.input_tokens, record.cached_tokens = bill.input_tokens, bill.cached_tokens
+    billed = [{"input": r.input_tokens, "cached": r.cached_tokens}
+              for r in model.records if r.kind != "side"]
+    if seen != billed:  # the client must see exactly what it was billed for
+        raise RuntimeError(f"{strategy_.name}: usage seen by the client differs from the bill")
+    return Run(strategy_, session, upstream.bills, model.records, compact.count,
+               model.names_seen, model.names_visible, model.older_seen, model.older_visible,
+               model.asks, time.perf_counter() - started)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def table(runs: Sequence[Run]) -> str:
+    """One row per (session kind, strategy), summed over that kind's sessions."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.session.kind, run.strategy.name), []).append(run)
+    rows = ["| sessions | strategy | requests | input tokens | cached | cost vs direct "
+            "| cuts (prefix breaks) | client compactions | largest request | with memory "
+            "| sufficiency | of it, from earlier tasks | earlier-task facts |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (kind, name), group in groups.items():
+        base = groups.get((kind, DIRECT.name))
+        bills = [b for run in group for b in run.bills]
+        total, cached = sum(b.input_tokens for b in bills), sum(b.cached_tokens for b in bills)
+        ratio = (f"{sum(r.cost() for r in group) / sum(r.cost() for r in base):.2f}x"
+                 if base else "-")
+        seen_, visible = sum(r.names_seen for r in group), sum(r.names_visible for r in group)
+        older, older_ok = sum(r.older_seen for r in group), sum(r.older_visible for r in group)
+        asks = [ok for r in group for ok in r.asks.values()]
+        rows.append(
+            f"| {kind} ({len(group)}) | {name} | {len(bills):,} | {total:,} "
+            f"| {cached / max(total, 1):.0%} | {ratio} "
+            f"| {sum(x.cut for r in group for x in r.records)} "
+            f"| {sum(r.compactions for r in group)} | {max(b.input_tokens for b in bills):,} "
+            f"| {sum(x.memory for r in group for x in r.records) / len(bills):.0%} "
+            f"| {visible / max(seen_, 1):.1%} ({visible:,}/{seen_:,}) "
+            f"| {f'{older_ok / older:.0%} ({older_ok}/{older})' if older else '-'} "
+            f"| {f'{sum(asks)}/{len(asks)}' if asks else '-'} |")
+    return "\n".join(rows)
+
+
+def plot(runs: Sequence[Run], path: Path) -> None:
+    """Cost vs direct per session kind, and the forwarded size per request of one long
+    session (the sawtooth of the client's compactions, the steps of the proxy's cuts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(r.session.kind for r in runs))
+    names_ = list(dict.fromkeys(r.strategy.name for r in runs))
+    fig, (bars, series) = plt.subplots(1, 2, figsize=(13, 4.6))
+    width = 0.8 / max(len(names_), 1)
+    colour = {name: "dimgray" if name == DIRECT.name else f"C{n}" for n, name in enumerate(names_)}
+    for n, name in enumerate(names_):
+        ratios = []
+        for kind in kinds:
+            group = [r for r in runs if r.session.kind == kind and r.strategy.name == name]
+            base = [r for r in runs if r.session.kind == kind and r.strategy.settings is None]
+            ratios.append(sum(r.cost() for r in group) / sum(r.cost() for r in base)
+                          if group and base else 0)
+        drawn = bars.bar([k + n * width for k in range(len(kinds))], ratios, width, label=name,
+                         color=colour[name])
+        bars.bar_label(drawn, fmt="%.2f", fontsize=7)
+    bars.axhline(1.0, color="dimgray", ls="--", lw=1)
+    bars.set_xticks([k + width * (len(names_) - 1) / 2 for k in range(len(kinds))], kinds)
+    bars.set_ylabel("input cost vs direct (cached at 10%)")
+    bars.set_title("Cost per session kind")
+    bars.legend(fontsize=8)
+    longest = max(runs, key=lambda r: len(r.session.tasks)).session
+    for run in (r for r in runs if r.session is longest):
+        style: dict[str, Any] = ({"ls": "--", "lw": 2} if run.strategy.settings is None
+                                 else {"lw": 1.2})
+        style["color"] = colour[run.strategy.name]
+        series.plot([b.input_tokens / 1e3 for b in run.bills], label=run.strategy.name, **style)
+    series.set_title(f"One session of {len(longest.tasks)} tasks: each request")
+    series.set_xlabel("request")
+    series.set_ylabel("forwarded input, k tokens")
+    series.grid(alpha=0.3)
+    series.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
+           seconds: float, command: str) -> str:
+    steps = sorted(len(t.steps) for t in tasks)
+    kinds = ", ".join(dict.fromkeys(f"{r.session.kind}" for r in runs))
+    strategies = "; ".join(dict.fromkeys(f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "\n".join([
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}` on {os.cpu_count()} "
+        f"cores (shared), Python {platform.python_version()}; load average at the end {load}; "
+        f"run time {seconds:.0f} s. Plot: `bench/{args.plot.name}`.",
+        "",
+        f"Runs: {len(tasks)} of ../shared/trajectories ({'all' if args.all else 'a subset'}; "
+        f"model calls per run: median {steps[len(steps) // 2]}, max {steps[-1]}), replayed as "
+        f"Codex sessions of {kinds} (the number of sessions in brackets). Each model call is one "
+        "request: reasoning item (encrypted content), `exec_command` call, its output in "
+        "Codex's format; the task's end is one more request with a closing answer. Prices: "
+        "`bench/pricing.py` (input tokens only, cached at 10%, cache TTL "
+        f"{args.ttl:.0f} s of simulated time). Client auto-compaction as Codex does it "
+        f"(bench/_codex.py): when the reported input passes {args.limit:,} tokens, one "
+        "compaction request (history + compaction prompt, no tools), then the context, the "
+        "prompts (at most 20k tokens) and the summary. *cuts*: requests whose forwarded prompt "
+        "did not extend the previous one although the client's did. *sufficiency*: of the "
+        "names (paths, identifiers) in each next command that had appeared earlier in the "
+        "session (outside the context and the current task's prompt), the share present "
+        "anywhere in the forwarded request (memory blocks count); *of it, from earlier tasks*: "
+        "the names seen only in earlier tasks, not yet in this one. *with memory*: requests that "
+        "carried a memory block (`..._memory>`). *earlier-task facts*: later "
+        "tasks ask for the blob hashes of an earlier task's submitted patch; reached = the "
+        "value was in the forwarded request that asked.",
+        "",
+        f"Strategies: {strategies}.",
+        "",
+        table(runs),
+    ])
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def select(paths: Sequence[Path], all_: bool, count: int) -> list[Path]:
+    """A spread of the runs by name (every k-th), or all of them."""
+    if all_ or count >= len(paths):
+        return list(paths)
+    stride = len(paths) / count
+    return [paths[int(i * stride)] for i in range(count)]
+
+
+def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
+    out = []
+    for n in kinds:
+        for start in range(0, len(tasks) - n + 1, n):
+            out.append(build_session(tasks[start : start + n]))
+    return out
+
+
+async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Run]:
+    shapes = load_shapes()
+    chosen = [n for n in args.strategies.split(",") if n]
+    strategies = [DIRECT if n == "direct" else strategy(PRESETS[n]) for n in chosen]
+    strategies += [strategy(s) for s in args.strategy]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-traj-") as tmp:
+        for session in sessions_of(tasks, [int(k) for k in args.sessions.split(",")]):
+            for s in strategies:
+                data_dir = Path(tmp) / f"{s.name}-{session.thread}"
+                run = await run_one(s, session, shapes, data_dir, ttl_s=args.ttl,
+                                    limit=args.limit)
+                print(f"  {session.kind:9s} {s.name:9s} {len(run.bills):4d} requests "
+                      f"{run.compactions} compactions {run.seconds:6.1f}s", file=sys.stderr)
+                runs.append(run)
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=TRAJECTORIES, help="trajectory folder")
+    parser.add_argument("--all", action="store_true", help="every run, not a subset")
+    parser.add_argument("--count", type=int, default=20, help="runs in the subset")
+    parser.add_argument("--sessions", default="1,5,10", help="tasks per session, comma-separated")
+    parser.add_argument("--strategies", default=",".join(("direct", *PRESETS)),
+                        help=f"comma-separated, of: direct, {', '.join(PRESETS)}")
+    parser.add_argument("--strategy", action="append", default=[], metavar="NAME:K=V,K=V",
+                        help="an extra proxy strategy: the defaults with these settings")
+    parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
+    parser.add_argument("--limit", type=int, default=220_000,
+                        help="the client's auto-compaction limit, reported input tokens")
+    parser.add_argument("--plot", type=Path, default=PNG, help="PNG of the results")
+    parser.add_argument("--no-write", action="store_true", help="don't touch bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    if not args.runs.is_dir():
+        sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
+    logging.basicConfig(level=logging.WARNING)
+    paths = select(sorted(args.runs.glob("*.traj.json")), args.all, args.count)
+    tasks = [load_task(p) for p in paths]
+    started = time.perf_counter()
+    runs = asyncio.run(main_async(args, tasks))
+    seconds = time.perf_counter() - started
+    command = "python -m bench.trajectories" + "".join(
+        f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv))
+    text = report(runs, tasks, args, seconds, command)
+    print(text)
+    plot(runs, args.plot)
+    if not args.no_write:
+        write_block(SECTION, BEGIN, END, text)
+    print(f"\nplot: {args.plot}  {seconds:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

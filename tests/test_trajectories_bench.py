@@ -1,0 +1,137 @@
+"""bench/trajectories.py: the replay of agent runs as Codex sessions, and its accounting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import trajectories as bench
+from bench._codex import SUMMARY_PREFIX, AutoCompact, is_prompt, message_text, user_message
+from bench.economics import load_shapes
+
+pytestmark = pytest.mark.skipif(
+    not (bench.TRAJECTORIES.parent / "fixtures" / "codex").is_dir(),
+    reason="../shared/fixtures/codex (the Codex request shapes the replay uses) is absent",
+)
+
+
+def write_run(folder: Path, name: str, steps: int, patch_hash: str) -> Path:
+    """A mini-swe-agent trajectory: system, task, then command/output pairs, then the patch."""
+    messages = [{"role": "system", "content": "You run one shell command per answer."},
+                {"role": "user", "content": f"<pr_description>Fix {name} in widgets/core.py"
+                 "</pr_description>"}]
+    for k in range(steps):
+        messages.append({"role": "assistant", "content":
+                         f"THOUGHT: look at part {k}.\n\n```bash\ngrep -n render_{name}_{k} "
+                         "widgets/core.py\n```"})
+        listing = "".join(f"widgets/core.py:{n}: def render_{name}_{k}_{n}(self): ...\n"
+                          for n in range(60))
+        messages.append({"role": "user", "content":
+                         f"<returncode>0</returncode>\n<output>\n{listing}</output>"})
+    submit = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached"
+    messages.append({"role": "assistant", "content": f"THOUGHT: done.\n\n```bash\n{submit}\n```"})
+    messages.append({"role": "user", "content": f"diff --git a/widgets/{name}.py b/widgets/"
+                     f"{name}.py\nindex {patch_hash} 100644\n--- a/widgets/{name}.py\n"})
+    path = folder / f"{name}.traj.json"
+    path.write_text(json.dumps({"instance_id": name, "messages": messages}))
+    return path
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> list[bench.Task]:
+    return [bench.load_task(write_run(tmp_path, name, 6, h)) for name, h in
+            (("alpha", "1111111aaa..2222222bbb"), ("beta", "3333333ccc..4444444ddd"))]
+
+
+def test_a_run_becomes_codex_steps_with_exec_outputs(tasks: list[bench.Task]) -> None:
+    task = tasks[0]
+    assert len(task.steps) == 7  # six commands and the submission
+    assert task.steps[0].command == "grep -n render_alpha_0 widgets/core.py"
+    assert task.steps[0].thought == "THOUGHT: look at part 0."
+    assert "Process exited with code 0\n" in task.steps[0].output
+    assert "<returncode>" not in task.steps[0].output
+    assert task.steps[0].encrypted  # every reasoning item carries encrypted content
+    assert "index 1111111aaa..2222222bbb" in task.submitted
+
+
+def test_a_later_task_asks_for_an_earlier_tasks_patch(tasks: list[bench.Task]) -> None:
+    session = bench.build_session(tasks)
+    assert session.kind == "2 tasks"
+    assert [(a.task, a.source, a.value) for a in session.asks] == [
+        (1, 0, "1111111aaa..2222222bbb")]
+    assert session.prompt(1).startswith("Before you start")
+    assert bench.build_session(tasks).thread == session.thread  # stable across processes
+
+
+async def test_direct_replay_equals_itself_and_reaches_the_ask(
+    tasks: list[bench.Task], tmp_path: Path
+) -> None:
+    session, shapes = bench.build_session(tasks), load_shapes()
+    a = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "a", limit=10**9)
+    b = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "b", limit=10**9)
+    assert [(x.input_tokens, x.cached_tokens) for x in a.bills] == [
+        (x.input_tokens, x.cached_tokens) for x in b.bills]
+    assert len(a.bills) == sum(len(t.steps) + 1 for t in tasks)  # one more: the answer
+    assert a.compactions == 0 and not any(r.cut for r in a.records)
+    assert a.asks == {1: True}  # nothing compacted: the earlier patch is in the history
+    assert a.names_seen and a.names_visible == a.names_seen
+    assert a.bills[-1].cached_tokens > 0.8 * a.bills[-1].input_tokens  # append-only: warm
+
+
+async def test_the_client_compacts_when_the_reported_input_passes_its_limit(
+    tasks: list[bench.Task], tmp_path: Path
+) -> None:
+    session, shapes = bench.build_session(tasks), load_shapes()
+    whole = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "w", limit=10**9)
+    limit = whole.bills[4].input_tokens  # passed by the sixth request
+    run = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "c", limit=limit)
+    kinds = [r.kind for r in run.records]
+    first = kinds.index("compaction")
+    assert run.bills[first - 1].input_tokens > limit >= run.bills[first - 2].input_tokens
+    assert run.compactions == kinds.count("compaction") >= 1
+    assert run.bills[first + 1].input_tokens < run.bills[first - 1].input_tokens
+    assert max(b.input_tokens for b in run.bills) < max(b.input_tokens for b in whole.bills)
+    assert len(run.bills) == len(whole.bills) + run.compactions  # every step still replayed
+
+
+def test_a_compacted_history_keeps_context_prompts_and_summary() -> None:
+    context = [{"type": "message", "role": "developer", "content": [
+        {"type": "input_text", "text": "system"}]}, user_message("<environment_context>", "e")]
+    history = [*context, user_message("task one", "p1"), {"type": "reasoning", "id": "r"},
+               user_message("task two", "p2"), {"type": "function_call_output", "call_id": "c"}]
+    compact = AutoCompact(limit=10)
+    compact.seen(11)
+    assert compact.due
+    after = compact.compacted(history, 2, "SUMMARY: x", lambda text: len(text.split()), "s")
+    assert [message_text(i) for i in after] == [
+        "system", "task one", "<environment_context>", "task two", SUMMARY_PREFIX + "SUMMARY: x"]
+    assert [message_text(i) for i in after if is_prompt(i)] == ["task one", "task two"]
+    assert not compact.due and compact.count == 1
+
+
+async def test_through_the_proxy_every_step_is_replayed_and_billed(
+    tasks: list[bench.Task], tmp_path: Path
+) -> None:
+    session, shapes = bench.build_session(tasks), load_shapes()
+    direct = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "d")
+    proxied = await bench.run_one(bench.strategy("p:MEMORY_ENABLED=false"), session, shapes,
+                                  tmp_path / "p")  # run_one checks usage seen == billed
+    turns = [r for r in proxied.records if r.kind == "turn"]
+    assert len(turns) == len([r for r in direct.records if r.kind == "turn"])
+
+
+def test_a_strategy_naming_no_setting_is_refused() -> None:
+    with pytest.raises(ValueError, match="no setting"):
+        bench.strategy("bad:NOT_A_SETTING=1")
+
+
+@pytest.mark.skipif(not bench.TRAJECTORIES.is_dir(),
+                    reason="../shared/trajectories (the real runs) is absent")
+def test_the_shared_runs_load_as_tasks() -> None:
+    paths = sorted(bench.TRAJECTORIES.glob("*.traj.json"))
+    tasks = [bench.load_task(p) for p in bench.select(paths, False, 10)]
+    assert len(tasks) == 10
+    assert all(t.steps and t.steps[0].command for t in tasks)
+    assert bench.build_session(tasks[:5]).asks  # at least one earlier patch can be asked for
