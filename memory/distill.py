@@ -17,14 +17,15 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from memory.health import Health
 from memory.model import Memory, Scope, Store, StoreError
-from memory.statements import Claim, ClaimKind, claims
+from memory.statements import NEAR, Claim, ClaimKind, claims
 
 __all__ = ["Distiller", "Group", "Mention", "gather", "plan", "resolve", "score"]
 
@@ -97,26 +98,120 @@ def score(mentions: int, sessions: int, last_seen: float, now: float) -> float:
 
 def gather(mentions: Iterable[Mention]) -> list[Group]:
     """Group near-duplicate mentions, oldest first."""
+    ordered = sorted(mentions, key=lambda m: (m.at, m.episode))
+    index = _Index(m.claim for m in ordered)
     groups: list[Group] = []
-    for mention in sorted(mentions, key=lambda m: (m.at, m.episode)):
-        for group in groups:
-            if group.first.same(mention.claim):
-                group.mentions.append(mention)
-                break
+    for mention in ordered:
+        n = next((n for n in index.like(mention.claim) if groups[n].first.same(mention.claim)),
+                 None)
+        if n is not None:
+            groups[n].mentions.append(mention)
         else:
+            index.add(len(groups), mention.claim)
             groups.append(Group(mention.claim, [mention]))
     return groups
 
 
 def resolve(groups: Sequence[Group]) -> list[Group]:
-    """The groups left once every contradiction is settled for the newer claim."""
+    """The groups left once every contradiction is settled for the newer claim.
+
+    A group is beaten by any group it conflicts with that was seen later (or as late and
+    comes first): so it stays only if no such group exists. The groups are indexed in that
+    order, newest first, and each looks only at the rivals the index gives it, up to its own
+    place: near-linear in the number of groups, not pairwise.
+    """
+    order = sorted(range(len(groups)), key=lambda n: (-groups[n].last_seen, n))
+    claims_ = [groups[n].claim for n in order]
+    index = _Index(claims_)
+    for place, claim in enumerate(claims_):
+        index.add(place, claim)
     beaten: set[int] = set()
-    for i, a in enumerate(groups):
-        for j in range(i + 1, len(groups)):
-            b = groups[j]
-            if a.claim.conflicts(b.claim):
-                beaten.add(i if a.last_seen < b.last_seen else j)
+    for place, claim in enumerate(claims_):
+        for rival in index.rivals(claim):
+            if rival >= place:
+                break
+            if claim.conflicts(claims_[rival]):
+                beaten.add(order[place])
+                break
     return [g for n, g in enumerate(groups) if n not in beaten]
+
+
+class _Index:
+    """Which claims may be the same as, or conflict with, a given claim, without comparing it
+    with every other: ``Claim.same`` and ``Claim.conflicts`` only hold between claims that
+    share a key here, and the caller checks the candidates with them.
+
+    Preferences are keyed by what they prefer and avoid; facts by their subject; rules by
+    the words of their action. Two word sets with a Jaccard overlap of at least ``NEAR`` share
+    a word among the first ``len - ceil(NEAR * len) + 1`` of each, in one fixed order of the
+    words (rarest first, so that the lists behind them stay short): the prefix filter of
+    set-similarity joins. Ids are the caller's and are added in increasing order.
+    """
+
+    def __init__(self, claims_: Iterable[Claim]) -> None:
+        self._freq: Counter[str] = Counter()
+        for claim in claims_:
+            self._freq.update(_words(claim))
+        self._same: defaultdict[tuple[object, ...], list[int]] = defaultdict(list)
+        self._facts: defaultdict[str, list[int]] = defaultdict(list)
+        self._rules: defaultdict[str | None, list[int]] = defaultdict(list)
+        self._prefers: defaultdict[str, list[int]] = defaultdict(list)
+        self._avoids: defaultdict[str, list[int]] = defaultdict(list)
+
+    def add(self, n: int, claim: Claim) -> None:
+        for key in self._same_keys(claim):
+            self._same[key].append(n)
+        if claim.kind == "prefer":
+            for item in claim.prefer:
+                self._prefers[item].append(n)
+            for item in claim.avoid:
+                self._avoids[item].append(n)
+        elif claim.kind == "fact":
+            self._facts[claim.subject].append(n)
+        else:
+            for word in self._prefix(claim):
+                self._rules[word].append(n)
+
+    def like(self, claim: Claim) -> list[int]:
+        """The ids that may be ``same`` as ``claim``, in increasing order."""
+        return _merged(self._same.get(key, []) for key in self._same_keys(claim))
+
+    def rivals(self, claim: Claim) -> Sequence[int]:
+        """The ids that may conflict with ``claim``, in increasing order."""
+        if claim.kind == "fact":
+            return self._facts.get(claim.subject, [])
+        if claim.kind == "rule":
+            return _merged(self._rules.get(word, []) for word in self._prefix(claim))
+        return _merged(
+            [self._avoids.get(item, []) for item in claim.prefer]
+            + [self._prefers.get(item, []) for item in claim.avoid]
+        )
+
+    def _same_keys(self, claim: Claim) -> list[tuple[object, ...]]:
+        if claim.kind == "prefer":
+            return [("prefer", claim.prefer)] if claim.prefer else [("avoid", claim.avoid)]
+        about = claim.subject if claim.kind == "fact" else claim.value
+        return [(claim.kind, about, word) for word in self._prefix(claim)]
+
+    def _prefix(self, claim: Claim) -> list[str | None]:
+        words = _words(claim)
+        if not words:
+            return [None]  # an empty set is near only to another empty set
+        keep = len(words) - math.ceil(NEAR * len(words) - 1e-9) + 1
+        return list(sorted(words, key=lambda w: (self._freq[w], w))[:keep])
+
+
+def _words(claim: Claim) -> set[str]:
+    """The words ``Claim.same`` compares: a fact's value, a rule's action."""
+    if claim.kind == "fact":
+        return set(claim.value.split())
+    if claim.kind == "rule":
+        return set(claim.subject.split())
+    return set()
+
+
+def _merged(lists: Iterable[list[int]]) -> list[int]:
+    return sorted({n for ids in lists for n in ids})
 
 
 def claim_of(memory: Memory) -> Claim | None:
@@ -147,13 +242,17 @@ def plan(
     ``groups`` (already resolved)."""
     writes: list[Memory] = []
     deletes: list[str] = []
-    held = [(m, claim_of(m)) for m in existing]
-    for group in groups:
-        claim = group.claim
-        match = next((m for m, c in held if c is not None and c.same(claim)), None)
+    gone: set[str] = set()
+    held = [(m, c) for m in existing if (c := claim_of(m)) is not None]
+    claims_ = [g.claim for g in groups]
+    index = _Index([*(c for _, c in held), *claims_])
+    for n, (_, c) in enumerate(held):
+        index.add(n, c)
+    for group, claim in zip(groups, claims_, strict=True):
+        match = next((held[n][0] for n in index.like(claim) if held[n][1].same(claim)), None)
         rivals = [
-            m for m, c in held
-            if c is not None and m.memory_id not in deletes and c.conflicts(claim)
+            m for m, c in (held[n] for n in index.rivals(claim))
+            if m.memory_id not in gone and c.conflicts(claim)
         ]
         if any(_seen(m) >= group.last_seen for m in rivals):
             continue  # a newer record (one a user added, say) says otherwise
@@ -193,6 +292,7 @@ def plan(
                 sources=sources, attrs=attrs, created_at=now, updated_at=now,
             ))
         deletes += superseded
+        gone.update(superseded)
     return writes, deletes
 
 

@@ -2,62 +2,119 @@
 
 Applied to every text a memory record is made of. It errs towards redacting: a lost word in a
 remembered turn costs little, a stored key costs a lot.
+
+Every pattern here runs in time linear in its input under Python's backtracking ``re``, because
+the input is whatever a request carries (a 1 MB base64 blob, a minified bundle, a line of
+``a=a=a=...``). The rules that keep them so:
+
+- a pattern that may scan a long run starts only where that run starts (a negative lookbehind
+  on the run's own characters), never at every position inside it;
+- a run that must be followed by a character outside it is matched possessively (``++``), so a
+  failure gives the run up at once instead of trying every shorter length;
+- anything that may repeat before the part that decides is bounded (``{0,16}``).
+
+``tests/memory/test_linear_time.py`` times each pattern on 1 MB inputs of its worst shapes.
+The input is also cut to ``memory.bounds.RECORD_CHARS`` first.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+from memory.bounds import RECORD_CHARS, cut_mark, ends
 
 __all__ = ["MARK", "redact"]
 
 MARK = "[REDACTED]"
+KEY_MARK = "[REDACTED PRIVATE KEY]"
 
 _PRIVATE_KEY = re.compile(
-    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?"
-    r"(?:-----END[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
+    r"-----BEGIN[A-Z0-9 ]*+(?:(?<=PRIVATE KEY)|(?<=PRIVATE KEY BLOCK))-----.*?"
+    r"(?:-----END[A-Z0-9 ]*+(?:(?<=PRIVATE KEY)|(?<=PRIVATE KEY BLOCK))-----|\Z)",
     re.DOTALL,
 )
-# Keys with a recognisable shape, wherever they stand.
+_KEY_END = re.compile(r"-----END[A-Z0-9 ]*+(?:(?<=PRIVATE KEY)|(?<=PRIVATE KEY BLOCK))-----")
+
+# Keys with a recognisable shape, wherever they stand. Each long run is either bounded or
+# succeeds however long it is, except the JWT's, which starts only where its run starts.
 _KEYS = re.compile(
     r"""
       \bsk-[A-Za-z0-9_-]{16,}                           # OpenAI, Anthropic (sk-ant-), ...
+    | \b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}            # Stripe secret and restricted keys
     | \b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}         # GitHub tokens
     | \bgithub_pat_[A-Za-z0-9_]{20,}
     | \bglpat-[A-Za-z0-9_-]{20,}                        # GitLab
     | \bxox[abposr]-[A-Za-z0-9-]{10,}                   # Slack
+    | \bhf_[A-Za-z0-9]{20,}                             # Hugging Face
+    | \bnpm_[A-Za-z0-9]{20,}                            # npm
     | \b(?:AKIA|ASIA)[0-9A-Z]{16}\b                     # AWS access key ids
     | \bAIza[0-9A-Za-z_-]{35}                           # Google API keys
-    | \beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}   # JWTs
+    | (?<![\w-])eyJ[\w-]{8,}+\.eyJ[\w-]{8,}+\.[\w-]{8,}  # JWTs
     """,
-    re.VERBOSE,
+    re.VERBOSE | re.ASCII,
 )
-_BEARER = re.compile(
-    r"\b(Bearer|Authorization:\s*Basic)(\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE
+# A bare 40-character run of the base64 alphabet that mixes cases and digits: an AWS secret
+# access key (a hex digest, a git commit id, is one case and stays).
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_BEARER = re.compile(r"\b(Bearer)(\s++)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
+# "Authorization: Basic ...", "Authorization: Token ...", "authorization: <token>"
+_AUTHORIZATION = re.compile(
+    r"\b(Authorization[\"']?[ \t]*+[:=][ \t]*+[\"']?(?:[A-Za-z-]{1,20}[ \t]++)?)"
+    r"[A-Za-z0-9._~+/=:-]{8,}",
+    re.IGNORECASE,
 )
 # scheme://user:password@host
-_URL_PASSWORD = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s/:@]*):([^\s/@]+)@")
-# password=..., "api_key": "...", DB_PASSWORD: ..., token=... (not max_tokens=...: the name
-# must end with the word).
+_URL_PASSWORD = re.compile(
+    r"(?<![a-zA-Z0-9+.-])([a-zA-Z][a-zA-Z0-9+.-]*+://[^\s/:@]*+):([^\s/@]++)@"
+)
+# Names whose value is a secret. The name must end with the word (not max_tokens=...);
+# "pass" and "pw" only as a word of their own (DB_PASS, not bypass). A lookbehind is of one
+# width in ``re``, hence one per ending.
+_SECRET_ENDINGS = (
+    "password", "passwd", "passphrase", "pwd", "secret", "token", "credential", "credentials",
+    "api_key", "api-key", "apikey", "access_key", "access-key", "accesskey", "private_key",
+    "private-key", "privatekey", "account_key", "account-key", "accountkey",
+    *(f"{sep}{word}" for word in ("pass", "pw") for sep in "_.-"),
+)
+_SECRET_NAME = (
+    r"(?:(?:pass|pw)(?![\w.-])|[\w.-]++(?:"
+    + "|".join(f"(?<={re.escape(e)})" for e in _SECRET_ENDINGS)
+    + "))"
+)
+# password=..., "api_key": "...", DB_PASSWORD: ..., AccountKey=...;
 _ASSIGNMENT = re.compile(
-    r"""
-    (?P<name>["']?[\w.-]*?
-        (?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key
-          |private[_-]?key|credentials?)
-    ["']?)
-    (?P<sep>\s*[:=]\s*)
+    rf"""
+    (?<![\w.-])
+    (?P<name>["']?{_SECRET_NAME}["']?)
+    (?P<sep>\s*+[:=]\s*+)
     (?:
-        "(?P<dq>[^"\n]*)"
-      | '(?P<sq>[^'\n]*)'
-      | (?P<bare>[^\s"',;&}\]]+)
+        "(?P<dq>[^"\n]*+)"
+      | '(?P<sq>[^'\n]*+)'
+      | (?P<bare>[^\s"',;&}}\]]++)
     )
     """,
     re.IGNORECASE | re.VERBOSE,
 )
-
-# "the password is hunter2", "my api key is ..."
+# --password PW, -password=PW, --token "..." (the = form is an assignment already)
+_FLAG = re.compile(
+    r"(?<![\w-])(--?(?:password|passwd|pass|pwd|token|secret|api-key|apikey|access-key"
+    r"|secret-key|client-secret)[ \t]++)(?:\"[^\"\n]*+\"|'[^'\n]*+'|[^\s\"'-]\S*+)",
+    re.IGNORECASE,
+)
+# curl -u user:PW, --user user:PW (the user stays)
+_USER_FLAG = re.compile(
+    r"(?<!\S)((?:-u|--user)(?:[ \t]*+=?[ \t]*+)[\"']?[^\s:\"']*+:)[^\s\"']++"
+)
+# mysql -pPW (and its kin): the password glued to -p, a few words after the command.
+_MYSQL = re.compile(
+    r"\b((?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlsh|mariadb|mariadb-dump)\b"
+    r"(?:[ \t]++(?!-p)[^\s]++){0,16}?[ \t]++-p)[^\s]++"
+)
+# "the password is hunter2", "my api key is ...", "the pw is ..."
 _SAID = re.compile(
-    r"\b((?:password|passwd|passphrase|secret|token|api[ _-]?key|access[ _-]?key)s?"
-    r"\s+(?:is|was|are)\s+)([^\s,;]+)",
+    r"\b((?:password|passwd|passphrase|passcode|secret|token|api[ _-]?key|access[ _-]?key"
+    r"|pw|pwd)s?\s++(?:is|was|are)\s++)([^\s,;]++)",
     re.IGNORECASE,
 )
 
@@ -71,11 +128,53 @@ def _assignment(match: re.Match[str]) -> str:
     return f"{name}{sep}{MARK}"
 
 
+def _aws_secret(match: re.Match[str]) -> str:
+    run = match.group()
+    mixed = (
+        any(c.isupper() for c in run) and any(c.islower() for c in run)
+        and any(c.isdigit() or c in "/+" for c in run)
+    )
+    return MARK if mixed else run
+
+
+# In order: whole blocks first, then the shapes that name their secret, then bare shapes.
+_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (_PRIVATE_KEY, KEY_MARK),
+    (_URL_PASSWORD, rf"\1:{MARK}@"),
+    (_BEARER, rf"\1\2{MARK}"),
+    (_AUTHORIZATION, rf"\1{MARK}"),
+    (_ASSIGNMENT, _assignment),
+    (_FLAG, rf"\1{MARK}"),
+    (_USER_FLAG, rf"\1{MARK}"),
+    (_MYSQL, rf"\1{MARK}"),
+    (_SAID, rf"\1{MARK}"),
+    (_KEYS, MARK),
+    (_AWS_SECRET, _aws_secret),
+)
+
+_WHITESPACE = " \t\n\r"
+
+
+def _bounded(text: str) -> str:
+    """``text`` cut to ``RECORD_CHARS``; the words the cut splits are dropped whole (half a
+    key is still a secret), and so is the rest of a private key whose BEGIN line was cut."""
+    mark = cut_mark(len(text))
+    head, tail = ends(text, RECORD_CHARS, mark)
+    head = head[: max(head.rfind(c) for c in _WHITESPACE) + 1]
+    starts = [i for i in (tail.find(c) for c in _WHITESPACE) if i >= 0]
+    tail = tail[min(starts) :] if starts else ""
+    end = _KEY_END.search(tail)
+    if end is not None and not 0 <= tail.find("-----BEGIN", 0, end.start()):
+        # The END line stays, to close a BEGIN that the head still holds.
+        tail = f"{KEY_MARK}\n{tail[end.start() :]}"
+    return f"{head}{MARK}{mark}{MARK}{tail}"
+
+
 def redact(text: str) -> str:
-    """``text`` with every secret this module recognises replaced by ``[REDACTED]``."""
-    text = _PRIVATE_KEY.sub("[REDACTED PRIVATE KEY]", text)
-    text = _URL_PASSWORD.sub(rf"\1:{MARK}@", text)
-    text = _BEARER.sub(rf"\1\2{MARK}", text)
-    text = _ASSIGNMENT.sub(_assignment, text)
-    text = _SAID.sub(rf"\1{MARK}", text)
-    return _KEYS.sub(MARK, text)
+    """``text`` with every secret this module recognises replaced by ``[REDACTED]``; a text
+    over ``RECORD_CHARS`` is cut to its head and tail first."""
+    if len(text) > RECORD_CHARS:
+        text = _bounded(text)
+    for pattern, replacement in _RULES:
+        text = pattern.sub(replacement, text)
+    return text

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from memory.bounds import clip
 from memory.words import terms
 
 __all__ = ["Claim", "claims", "constraints", "is_question", "jaccard", "sentences"]
@@ -36,7 +37,9 @@ _QUESTION_START = re.compile(
 _CONSTRAINT = re.compile(
     r"\b(?:always|never|must|mustn't|do not|don't|dont|should not|shouldn't|avoid|make sure"
     r"|be sure|only use|prefer|stick to|stick with|instead of|rather than)\b"
-    r"|\buse\b[^.!?]*?\b(?:not|instead of|rather than|over)\b",
+    # "use" up to its alternative, but not past the next "use": each "use" of a long run of
+    # them scans only to the next one, so the search stays linear in the sentence.
+    r"|\buse\b(?:(?!\buse\b)[^.!?])*?\b(?:not|instead of|rather than|over)\b",
     re.IGNORECASE,
 )
 _TOKEN = re.compile(r"[\w.+#/'-]+|[,;:!?()]")
@@ -54,7 +57,7 @@ _NAME_STOP = {
     "of", "is", "are", "be", "all", "any", "too", "also",
 }
 _FACT = re.compile(
-    r"\b(?:our|my)\s+(?P<subject>(?:[\w.+#/-]+\s+){0,2}?[\w.+#/-]+)\s+"
+    r"\b(?:our|my)\s++(?P<subject>(?:[\w.+#/-]++\s++){0,2}?[\w.+#/-]++)\s++"
     r"(?:is|are|runs on|runs|lives at|lives in|listens on|uses|sits on)\s+(?P<value>.+)",
     re.IGNORECASE,
 )
@@ -122,9 +125,10 @@ class Claim:
 
 
 def sentences(text: str) -> list[str]:
-    """The sentences of ``text`` (code blocks and overlong lines left out), at most 60."""
+    """The sentences of ``text`` (code blocks and overlong lines left out), at most 60; of a
+    text over ``RECORD_CHARS``, from its head and tail."""
     out = []
-    for raw in _SPLIT.split(_FENCE.sub("\n", text)):
+    for raw in _SPLIT.split(_FENCE.sub("\n", clip(text, mark="\n\n"))):
         sentence = _BULLET.sub("", raw).strip()
         if 3 <= len(sentence) <= MAX_SENTENCE_CHARS:
             out.append(sentence)

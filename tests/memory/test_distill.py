@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from memory.distill import DAY, Distiller, Mention, gather, plan, resolve, score
+from memory.distill import DAY, Distiller, Group, Mention, gather, plan, resolve, score
 from memory.health import Health
 from memory.model import Memory, Scope
-from memory.statements import claims
+from memory.statements import Claim, claims
 from memory.store_sqlite import SqliteStore
 
 SCOPE = Scope("svc", "team", "agent", "u_1")
@@ -241,3 +243,72 @@ async def test_a_newer_memory_added_by_hand_is_not_overruled_by_older_episodes(
     await d.run_once(now=T0 + 60)
 
     assert [m.text for m in await semantic(store)] == ["Use Node for everything."]
+
+
+# --- the index gives what comparing every pair gave ----------------------------------------
+
+
+def _pairwise_gather(mentions: list[Mention]) -> list[list[Mention]]:
+    groups: list[list[Mention]] = []
+    for mention in sorted(mentions, key=lambda m: (m.at, m.episode)):
+        for group in groups:
+            if group[0].claim.same(mention.claim):
+                group.append(mention)
+                break
+        else:
+            groups.append([mention])
+    return groups
+
+
+def _pairwise_resolve(groups: list[Group]) -> list[Group]:
+    beaten: set[int] = set()
+    for i, a in enumerate(groups):
+        for j in range(i + 1, len(groups)):
+            b = groups[j]
+            if a.claim.conflicts(b.claim):
+                beaten.add(i if a.last_seen < b.last_seen else j)
+    return [g for n, g in enumerate(groups) if n not in beaten]
+
+
+def _random_claim(rng: random.Random) -> Claim:
+    words = ["lint", "tests", "main", "push", "deploy", "python", "node", "go", "docs"]
+    kind = rng.choice(["prefer", "fact", "rule"])
+    if kind == "prefer":
+        prefer = frozenset(rng.sample(words[4:], rng.randint(0, 1)))
+        avoid = frozenset(rng.sample(words[4:], 1 if not prefer else rng.randint(0, 1)))
+        return Claim("prefer", prefer=prefer, avoid=avoid - prefer or frozenset({"x"}))
+    phrase = " ".join(rng.sample(words, rng.randint(1, 5)))
+    if kind == "fact":
+        return Claim("fact", rng.choice(["database", "port"]), phrase)
+    return Claim("rule", phrase, rng.choice("+-"))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_gather_and_resolve_match_comparing_every_pair(seed: int) -> None:
+    rng = random.Random(seed)
+    mentions = [
+        Mention(_random_claim(rng), f"e{n}", f"s{rng.randint(0, 3)}", T0 + rng.randint(0, 20))
+        for n in range(rng.randint(1, 60))
+    ]
+    groups = gather(mentions)
+    assert [g.mentions for g in groups] == _pairwise_gather(mentions)
+    assert [g.first for g in resolve(groups)] == [g.first for g in _pairwise_resolve(groups)]
+
+
+def test_resolve_of_thousands_of_groups_stays_near_linear() -> None:
+    def groups(count: int) -> list[Group]:
+        mentions = []
+        for n in range(count):
+            for text in (f"use tool{n}, not node", f"our service{n % 50} is host{n}",
+                         f"always run check{n} first", f"never run check{n} first"):
+                mentions.append(Mention(claims(text)[0], f"e{n}", "s", T0 + n))
+        return gather(mentions)
+
+    small, big = groups(200), groups(2000)
+    start = time.perf_counter()
+    resolve(small)
+    small_s = time.perf_counter() - start
+    start = time.perf_counter()
+    resolve(big)
+    big_s = time.perf_counter() - start
+    assert big_s < 30 * small_s + 0.05  # 10x the groups: pairwise would be 100x

@@ -26,6 +26,19 @@ from memory.redact import MARK, redact
         ("aws AKIAIOSFODNN7EXAMPLE key", "AKIAIOSFODNN7EXAMPLE"),
         ("slack xoxb-123456789012-abcdefghij", "xoxb-123456789012-abcdefghij"),
         ("client_secret: s3cr3tValue", "s3cr3tValue"),
+        # The formats issue 12 found stored verbatim.
+        ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        ("mysql -u root -pS3cretPW mydb", "S3cretPW"),
+        ("curl -u admin:Pa55word https://api.example.com", "Pa55word"),
+        ("curl --user 'bob:hunter2' https://x", "hunter2"),
+        ("tool --password hunter2 --verbose", "hunter2"),
+        ("Authorization: Token 9944b09199c62bcf9418ad846dd0", "9944b09199c62bcf9418ad846dd0"),
+        ("key sk_live_4eC39HqLyjWDarjtT1zdp7dc", "sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+        ("hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"),
+        ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "npm_abcdefghijklmnopqrstuvwxyz0123456789"),
+        ("DB_PASS=hunter2", "hunter2"),
+        ("AccountName=acct;AccountKey=abc+def/ghi==;EndpointSuffix=x", "abc+def/ghi=="),
+        ("the pw is Tr0ub4dor", "Tr0ub4dor"),
     ],
 )
 def test_secret_is_replaced_by_the_mark(text: str, secret: str) -> None:
@@ -56,6 +69,14 @@ def test_truncated_private_key_is_removed_to_the_end() -> None:
         "use Python, not Node",
         "our database is PostgreSQL 15 on port 5433",
         "tokens: 42",
+        "git checkout 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39",
+        "mkdir -p build && docker run -p 8080:80 img",
+        "git push -u origin main",
+        "bypass=true",
+        "the first pass is slow",
+        "ssh -p 2222 host",
+        "mysql -u root -p",
+        "--token-file path",
     ],
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
