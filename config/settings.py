@@ -52,6 +52,12 @@ class Settings(BaseSettings):
         900.0, gt=0, description="Longest wait between upstream bytes (models think long)."
     )
     max_body_mb: float = Field(32.0, gt=0, description="Largest request body accepted, in MiB.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Server processes sharing PORT (SO_REUSEPORT) and the store; 0 or auto: "
+        "one per CPU. 1: a single process, no supervisor. Each has its own caches and /metrics.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level."
     )
@@ -64,24 +70,54 @@ class Settings(BaseSettings):
     )
 
     # --- the history window --------------------------------------------------------------
-    keep_turns: int = Field(5, ge=1, description="User turns kept in the forwarded history.")
+    window_policy: Literal["cost", "fixed"] = Field(
+        "cost",
+        description="How the window cuts: 'cost' cuts where a cut pays by the prompt-cache "
+        "prices (CACHED_INPUT_RATIO, CACHE_WRITE_RATIO), between KEEP_MIN_TURNS and KEEP_TURNS "
+        "turns and under WINDOW_MAX_TOKENS; 'fixed' keeps KEEP_TURNS, in steps of TRIM_SLACK "
+        "or at TRIM_AT_TOKENS.",
+    )
+    keep_turns: int = Field(
+        5, ge=1,
+        description="The most user turns forwarded (the newest included); with the fixed "
+        "policy, the turns each cut keeps.",
+    )
+    keep_min_turns: int = Field(
+        2, ge=1,
+        description="The fewest user turns a cut leaves (the newest included; cost policy).",
+    )
+    window_max_tokens: int = Field(
+        120_000, ge=0,
+        description="Cut whole older turns to keep the forwarded input under about this many "
+        "tokens (estimated from bytes; cost policy); 0: no ceiling.",
+    )
+    cached_input_ratio: float = Field(
+        0.1, gt=0, le=1,
+        description="The provider's price of a cached input token, as a share of an input "
+        "token's (cost policy).",
+    )
+    cache_write_ratio: float = Field(
+        1.0, ge=0,
+        description="The provider's price of writing a token to its prompt cache, as a share "
+        "of an input token's (1.25 where writes cost extra; cost policy).",
+    )
     trim_slack: int = Field(
         5,
         ge=0,
-        description="Let the history grow this many turns past KEEP_TURNS before cutting back "
-        "(fewer prefix changes, warmer provider cache); 0 cuts on every turn. With KEEP_TURNS "
-        "5 the first cut comes at turn 11 (bench/RESULTS.md, Context economics).",
+        description="Fixed policy: let the history grow this many turns past KEEP_TURNS before "
+        "cutting back (fewer prefix changes, warmer provider cache); 0 cuts on every turn.",
     )
     trim_at_tokens: int = Field(
         0,
         ge=0,
-        description="Cut back to KEEP_TURNS when the forwarded input passes about this many "
-        "tokens (estimated from bytes), instead of counting turns; 0: off (TRIM_SLACK decides).",
+        description="Fixed policy: cut back to KEEP_TURNS when the forwarded input passes about "
+        "this many tokens (estimated from bytes), instead of counting turns; 0: off.",
     )
     mask_tool_outputs: bool = Field(
         True,
         description="At each cut, shorten the tool outputs of the older kept turns to a head "
-        "and tail (the calls stay; the newest turn is never masked).",
+        "and tail (the calls stay; the newest turn is never masked): those turns are read "
+        "uncached at a cut anyway.",
     )
     mask_keep_chars: int = Field(
         1000, ge=0, description="Characters a masked tool output keeps (half head, half tail)."
@@ -151,6 +187,17 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_auto(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("auto", "0"):
+            value = 0
+        if value == 0:
+            # The CPUs this process may run on (a cpuset), not every CPU of the host.
+            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+                os.cpu_count() or 1)
+        return value
 
     @field_validator("store_url")
     @classmethod

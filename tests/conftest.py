@@ -50,6 +50,8 @@ async def start_proxy(
             "port": free_port(),
         }
         values.update(overrides)
+        if "trim_slack" in overrides or "trim_at_tokens" in overrides:
+            values.setdefault("window_policy", "fixed")  # a test of the fixed steps
         settings: Settings = load_settings(env={}, **values)
         running = await serve(build_app(settings), port=settings.port)
         started.append(running)

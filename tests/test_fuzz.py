@@ -80,7 +80,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.port = free_port()
         cfg = load_settings(env={}, upstream_url=upstream.url + "/v1", port=stack.port,
                             data_dir=tmp_path_factory.mktemp("fuzz") / "data",
-                            keep_turns=KEEP_TURNS, max_body_mb=MAX_BODY_MB)
+                            keep_turns=KEEP_TURNS, max_body_mb=MAX_BODY_MB,
+                            window_max_tokens=0)  # the ceiling has tests of its own
         proxy = stack.call(serve(build_app(cfg), port=stack.port))
         running.insert(0, proxy)
         stack.proxy_url = proxy.url

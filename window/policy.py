@@ -82,3 +82,121 @@ def window(items: Sequence[Item], keep: int, slack: int = 0) -> WindowResult:
     drop = turns_to_drop(history.turns, keep, slack)
     cut = history.keep_from(drop)
     return WindowResult(cut.items, cut.removed, history.turns, history.turns - drop)
+
+
+# --- the cost-driven cut ---------------------------------------------------------------------
+
+# Items the model writes; a run of them between the client's items is one model call.
+MODEL_ITEMS = frozenset({
+    "reasoning", "function_call", "custom_tool_call", "local_shell_call", "web_search_call",
+    "file_search_call", "computer_call", "image_generation_call", "mcp_call",
+})
+
+
+def _is_model_item(item: Item) -> bool:
+    kind = item.get("type", "message")
+    return kind in MODEL_ITEMS or (kind == "message" and item.get("role") == "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a history shows of itself: tokens per turn and model calls per turn."""
+
+    tokens: list[int]  # estimated tokens of each turn (its own items)
+    calls: list[int]  # model calls each turn made
+
+    @classmethod
+    def of(cls, history: History) -> Shape:
+        tokens, calls = [], []
+        items = history.items
+        for n in range(history.turns):
+            start, end = history.span(n)
+            tokens.append(len(orjson.dumps(items[start:end])) // 4)
+            count, inside = 0, False
+            for i in range(start + 1, end):
+                model = _is_model_item(items[i])
+                if model and not inside:
+                    count += 1
+                inside = model
+            calls.append(count)
+        return cls(tokens, calls)
+
+
+@dataclass(frozen=True, slots=True)
+class CostPolicy:
+    """Cut where a cut pays, by the provider's prefix-cache prices.
+
+    A cut of the turns before ``c'`` removes R tokens from every later request, each of which
+    would have been a cached read (``cached`` of the price); it makes the prefix after the
+    instructions cold once (the kept older turns K, and the context P before them, since the
+    memory blocks in the instructions change with a cut): ``write - cached`` of the price. So a
+    cut pays when ``cached * R * H > (write - cached) * (P + K)``, H being the requests until
+    the next cut: the session's own model calls per turn times the turns until the window is
+    full again. At each turn boundary the policy takes the best cut (none when none pays);
+    past ``max_turns`` or ``max_tokens`` it must cut, and takes the best of the cuts that fit.
+    It never cuts the newest turn, nor below ``min_turns`` unless the ceiling demands it.
+
+    The decision is replayed from the first turn boundary on, each time from what the
+    history held at that boundary: appending to a history never moves an earlier cut, so
+    every request between two cuts extends the one before it byte for byte, and any replica
+    decides the same with no state.
+    """
+
+    max_turns: int
+    min_turns: int = 2
+    max_tokens: int = 0  # 0: no ceiling
+    cached: float = 0.1
+    write: float = 1.0
+
+    def first_kept(self, history: History, outside_tokens: int) -> tuple[int, int]:
+        """The first turn to forward, and the turn that was the newest when that cut was
+        made (the older turns it kept are the ones masking may shorten).
+
+        ``outside_tokens``: the body's tokens outside ``input`` (instructions, tools). Every
+        figure a decision reads is fixed once its boundary has passed, so the same boundary
+        decides the same on every later request.
+        """
+        n = history.turns
+        if n <= 1:
+            return 0, 0
+        shape = Shape.of(history)
+        ends = list(itertools.accumulate(shape.tokens, initial=0))  # ends[i]: before turn i
+        head = history.items[: history.starts[0]]  # the context before the first turn
+        prefix = outside_tokens + len(orjson.dumps(head)) // 4
+        cut = at = calls = 0
+        for b in range(1, n):
+            moved = self._ceiling(cut, b - 1, ends, prefix)  # while turn b-1 was the newest
+            if moved != cut:
+                cut, at = moved, b - 1
+            calls += shape.calls[b - 1]
+            per_turn = max(calls / b, 1.0)
+            moved = self._decide(cut, b, ends, prefix, per_turn)
+            if moved != cut:
+                cut, at = moved, b
+        moved = self._ceiling(cut, n - 1, ends, prefix)
+        return (moved, n - 1) if moved != cut else (cut, at)
+
+    def _ceiling(self, cut: int, last: int, ends: list[int], prefix: int) -> int:
+        """The fewest turns to cut so that turns cut..last fit under max_tokens."""
+        if not self.max_tokens:
+            return cut
+        while cut < last and prefix + ends[last + 1] - ends[cut] > self.max_tokens:
+            cut += 1
+        return cut
+
+    def _decide(self, cut: int, b: int, ends: list[int], prefix: int, per_turn: float) -> int:
+        """The cut at the boundary where turn ``b`` starts (turns before it complete)."""
+        forced = max(cut, b + 1 - self.max_turns)  # keep at most max_turns, the newest in
+        # Only what the history held at this boundary: the turns before b (b's prompt aside).
+        while self.max_tokens and forced < b and prefix + ends[b] - ends[forced] > self.max_tokens:
+            forced += 1
+        floor_ = max(b + 1 - self.min_turns, forced)  # cut no deeper than min_turns leaves
+        best, best_gain = forced, -float("inf") if forced > cut else 0.0
+        for new in range(max(forced, cut + 1), floor_ + 1):
+            removed = ends[new] - ends[cut]
+            kept = ends[b] - ends[new]  # the older turns kept: read cold once
+            horizon = per_turn * (self.max_turns - (b - new))  # requests until full again
+            gain = self.cached * removed * horizon - (self.write - self.cached) * (prefix + kept)
+            if gain > best_gain:
+                best, best_gain = new, gain
+        return best

@@ -2,62 +2,83 @@
 
 from __future__ import annotations
 
+import orjson
+
 from config import Settings
 from request import Exchange
 from window.masking import mask_range
-from window.policy import budget_drop, turns_to_drop
+from window.policy import CostPolicy, budget_drop, turns_to_drop
 
 __all__ = ["WindowStep"]
 
 
 class WindowStep:
-    """Cut the forwarded history to the context plus the last ``keep`` turns.
+    """Cut the forwarded history to the context plus its last turns.
 
-    When to cut: on every turn, in steps of ``slack + 1`` turns, or (``trim_at_tokens``) when
-    the input passes a token budget. With ``mask_chars`` set, a cut also masks the tool outputs
-    of the kept turns older than the newest one at that cut; which turns those are depends only
-    on the cut point, so the forwarded bytes stay the same until the next cut.
+    Which turns: with ``policy`` (the cost policy, the default) where a cut pays by the
+    provider's cache prices; without it, the fixed rule: keep ``keep`` turns, cutting on every
+    turn, in steps of ``slack + 1`` turns, or (``trim_at_tokens``) when the input passes a
+    token budget. With ``mask_chars`` set, a cut also masks the tool outputs of the older turns
+    it keeps (they are read uncached at the cut anyway); which turns those are depends only on
+    the cut, so the forwarded bytes stay the same until the next cut.
     """
 
     name = "window"
 
     def __init__(
-        self, keep: int, slack: int = 0, *, trim_at_tokens: int = 0, mask_chars: int | None = None
+        self, keep: int, slack: int = 0, *, trim_at_tokens: int = 0,
+        mask_chars: int | None = None, policy: CostPolicy | None = None,
     ) -> None:
         self.keep = keep
         self.slack = slack
         self.trim_at_tokens = trim_at_tokens
         self.mask_chars = mask_chars
+        self.policy = policy
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WindowStep:
+        policy = None
+        if settings.window_policy == "cost":
+            policy = CostPolicy(
+                max_turns=settings.keep_turns,
+                min_turns=min(settings.keep_min_turns, settings.keep_turns),
+                max_tokens=settings.window_max_tokens,
+                cached=settings.cached_input_ratio,
+                write=settings.cache_write_ratio,
+            )
         return cls(
             settings.keep_turns,
             settings.trim_slack,
             trim_at_tokens=settings.trim_at_tokens,
             mask_chars=settings.mask_keep_chars if settings.mask_tool_outputs else None,
+            policy=policy,
         )
 
-    def drop(self, ex: Exchange) -> int:
-        """How many of the oldest turns this request cuts."""
+    def cut(self, ex: Exchange) -> tuple[int, int]:
+        """The first turn to forward, and the turn that was newest when that cut was made."""
         history = ex.history
+        if self.policy is not None:
+            outside = {k: v for k, v in ex.body.items() if k != "input"}
+            return self.policy.first_kept(history, len(orjson.dumps(outside)) // 4)
         if self.trim_at_tokens:
-            return budget_drop(history, self.keep, self.trim_at_tokens)
-        return turns_to_drop(history.turns, self.keep, self.slack)
+            drop = budget_drop(history, self.keep, self.trim_at_tokens)
+        else:
+            drop = turns_to_drop(history.turns, self.keep, self.slack)
+        # The fixed rule keeps at least ``keep`` turns; it masks the first keep - 1 of them.
+        return drop, drop + self.keep - 1
 
     async def __call__(self, ex: Exchange) -> None:
         if ex.items is None or ex.history_is_foreign:
             return
-        drop = self.drop(ex)
+        drop, newest_at_cut = self.cut(ex)
         if drop == 0:
             return
         cut = ex.history.keep_from(drop)
         kept = cut.items
         if self.mask_chars is not None:
-            # Every cut keeps at least ``keep`` turns; the first keep - 1 were the older ones.
             masked_turns = []
             total = 0
-            for k in range(min(self.keep - 1, len(cut.starts) - 1)):
+            for k in range(min(newest_at_cut - drop, len(cut.starts) - 1)):
                 masked = mask_range(kept, cut.starts[k], cut.starts[k + 1], self.mask_chars)
                 if masked:
                     masked_turns.append(drop + k)

@@ -105,7 +105,8 @@ async def thread(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Thre
     port = free_port()
     settings = load_settings(
         env={}, upstream_url=up.url + "/v1", data_dir=root / "data", port=port,
-        keep_turns=KEEP_TURNS, trim_slack=0, mask_tool_outputs=False, upstream_read_timeout_s=30,
+        keep_turns=KEEP_TURNS, window_policy="fixed", trim_slack=0, mask_tool_outputs=False,
+        upstream_read_timeout_s=30,
     )
     proxy = await serve(build_app(settings), port=port)
     codex = CodexCLI(binary, root, proxy.url + "/v1", IDENTITY)
