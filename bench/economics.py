@@ -38,6 +38,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from bench._checkout import revision
 from bench._codex import (
     AUTO_COMPACT_TOKENS,
     AutoCompact,
@@ -703,7 +704,8 @@ def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, comman
     strategies = "; ".join(dict.fromkeys(
         f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
     return "\n".join([
-        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}` ({args.seeds} "
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at `{revision()}` with `{command}` "
+        f"({args.seeds} "
         f"seeds per length, cache TTL {args.ttl:.0f} s) on {os.cpu_count()} shared cores, "
         f"Python {platform.python_version()}; load average at the end {load}; run time "
         f"{seconds:.0f} s. Plot: `bench/{args.plot.name}` (seed {args.seed}, cumulative input "

@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench._checkout import revision
 from bench._codex import AutoCompact, compaction_input, read_answer, user_message
 from bench._results import write_block
 from bench.economics import (
@@ -181,8 +182,9 @@ def build_session(tasks: Sequence[Task]) -> Session:
     thread = stable_thread([t.name for t in tasks])
     kind = f"{len(tasks)} task" + ("s" if len(tasks) > 1 else "")
     asks: list[Ask] = []
-    for j in range(len(tasks) // 2 + len(tasks) % 2, len(tasks)) if len(tasks) > 1 else ():
-        source = j - (len(tasks) + 1) // 2
+    half = (len(tasks) + 1) // 2
+    for j in range(half, len(tasks)):
+        source = j - half
         value, path = _INDEX.search(tasks[source].submitted), _DIFF.search(tasks[source].submitted)
         others = "".join(t.prompt + "".join(s.output + s.command for s in t.steps)
                          for i, t in enumerate(tasks) if i != source)
@@ -325,7 +327,8 @@ async def replay(http: aiohttp.ClientSession, url: str, session: Session, shapes
 
     async def compaction(j: int, k: int, turn_id: str) -> None:
         nonlocal history, extends
-        e = Expect("compaction", j, k, True, summary=summarise(session, j, k, commands))
+        # Not counted as extending: it has no tools, so its prompt differs from the start.
+        e = Expect("compaction", j, k, False, summary=summarise(session, j, k, commands))
         output = await send(e, compaction_input(history), turn_id)
         summary = next(i for i in output if i.get("type") == "message")["content"][0]["text"]
         history = compact.compacted(history, n_context, summary, TOKENIZER.count,
@@ -383,9 +386,13 @@ def strategy(spec: str) -> Strategy:
 
 
 DIRECT = Strategy("direct", None, "Codex straight to the provider")
-PRESETS = {"defaults": "defaults:", "k2s0": "k2s0:KEEP_TURNS=2,TRIM_SLACK=0",
-           "k5s0": "k5s0:KEEP_TURNS=5,TRIM_SLACK=0",
-           "k2at120k": "k2at120k:KEEP_TURNS=2,TRIM_AT_TOKENS=120000"}
+# The fixed-window strategies of issue 10's first measurement, for comparison with the
+# defaults; a preset naming a setting this checkout lacks is skipped with a warning.
+PRESETS = {"defaults": "defaults:", "fixed": "fixed:WINDOW_POLICY=fixed",
+           "fixed-k2s0": "fixed-k2s0:WINDOW_POLICY=fixed,KEEP_TURNS=2,TRIM_SLACK=0",
+           "fixed-k5s0": "fixed-k5s0:WINDOW_POLICY=fixed,KEEP_TURNS=5,TRIM_SLACK=0",
+           "fixed-k2at120k": "fixed-k2at120k:WINDOW_POLICY=fixed,KEEP_TURNS=2,"
+                             "TRIM_AT_TOKENS=120000"}
 
 
 @dataclass
@@ -519,7 +526,8 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
     strategies = "; ".join(dict.fromkeys(f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return "\n".join([
-        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}` on {os.cpu_count()} "
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at `{revision()}` with `{command}` on "
+        f"{os.cpu_count()} "
         f"cores (shared), Python {platform.python_version()}; load average at the end {load}; "
         f"run time {seconds:.0f} s. Plot: `bench/{args.plot.name}`.",
         "",
@@ -531,9 +539,12 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         "`bench/pricing.py` (input tokens only, cached at 10%, cache TTL "
         f"{args.ttl:.0f} s of simulated time). Client auto-compaction as Codex does it "
         f"(bench/_codex.py): when the reported input passes {args.limit:,} tokens, one "
-        "compaction request (history + compaction prompt, no tools), then the context, the "
-        "prompts (at most 20k tokens) and the summary. *cuts*: requests whose forwarded prompt "
-        "did not extend the previous one although the client's did. *sufficiency*: of the "
+        "compaction request (history + compaction prompt, no tools, so no cached prefix; the "
+        "proxy forwards it whole), then the context, the prompts (at most 20k tokens) and the "
+        "summary (the fake summariser lists the tasks and the newest 80 names the commands "
+        "used). *cuts*: requests whose forwarded prompt did not extend the previous one "
+        "although the client's did (the client's own compactions are not counted). "
+        "*sufficiency*: of the "
         "names (paths, identifiers) in each next command that had appeared earlier in the "
         "session (outside the context and the current task's prompt), the share present "
         "anywhere in the forwarded request (memory blocks count); *of it, from earlier tasks*: "
@@ -569,9 +580,12 @@ def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
 
 async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Run]:
     shapes = load_shapes()
-    chosen = [n for n in args.strategies.split(",") if n]
-    strategies = [DIRECT if n == "direct" else strategy(PRESETS[n]) for n in chosen]
-    strategies += [strategy(s) for s in args.strategy]
+    strategies = [DIRECT] if "direct" in args.strategies.split(",") else []
+    for spec in [PRESETS[n] for n in args.strategies.split(",") if n in PRESETS] + args.strategy:
+        try:
+            strategies.append(strategy(spec))
+        except ValueError as exc:
+            print(f"  skipped: {exc}", file=sys.stderr)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ctxproxy-traj-") as tmp:
         for session in sessions_of(tasks, [int(k) for k in args.sessions.split(",")]):
