@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.load                     # 200 sessions, 60 s; writes RESULTS.md
     .venv/bin/python -m bench.load --quick --no-write  # 40 sessions, 10 s; prints only
+    .venv/bin/python -m bench.load --workers 2         # CTXPROXY_WORKERS=2: its own block
 
 Processes on loopback: the fake upstream (bench/_upstream.py, its 70 SSE events ``--pace-ms``
 apart, as a model streams tokens), ctxproxy (``python -m proxy serve``: SQLite memory in a
@@ -17,6 +18,8 @@ through the proxy. Reported: errors (a status other than 200, a stream that is c
 upstream's bytes, a timeout; must be 0), requests per second, time to first byte and to the
 end of the stream both ways and their difference (the latency the proxy adds), the proxy's
 peak RSS (VmHWM) and CPU, and from its /metrics what the window, memory and knowledge did.
+With ``--workers N`` (N > 1) RSS and CPU are summed over the supervisor and its workers, and
+/metrics is one worker's (each has its own registry; a scrape reaches one of them).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import datetime
+import os
 import random
 import re
 import subprocess
@@ -245,15 +250,53 @@ def knowledge(workdir: Path, data_dir: Path) -> str:
     return wiki
 
 
-def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | None) -> Proc:
+def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | None,
+                workers: int = 1) -> Proc:
     port = free_port()
     env = _server_env({
         "CTXPROXY_PORT": str(port),
         "CTXPROXY_UPSTREAM_URL": f"http://127.0.0.1:{upstream.port}/v1",
         "CTXPROXY_DATA_DIR": str(data_dir),
         "CTXPROXY_MEMORY_ENABLED": "true",
+        "CTXPROXY_WORKERS": str(workers),
     })
-    return start("proxy", proxy_cmd(profile), env, port, workdir)
+    proc = start("proxy", proxy_cmd(profile), env, port, workdir)
+    # /healthz answers once one worker listens; the supervisor logs this once all do.
+    deadline = time.monotonic() + 60
+    while "ctxproxy listening" not in proc.log.read_text(errors="replace"):
+        if time.monotonic() > deadline or proc.popen.poll() is not None:
+            stop(proc)
+            raise RuntimeError(f"proxy workers did not all come up:\n{proc.log.read_text()}")
+        time.sleep(0.05)  # start-up polling only; nothing is measured here
+    return proc
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a supervisor and its workers)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
+            except OSError:
+                continue  # gone meanwhile
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def tree_cpu_s(pids: Sequence[int]) -> float:
+    """On-CPU seconds of every thread of ``pids``, from schedstat."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+    return total / 1e9
 
 
 def vm_kib(pid: int, field_name: str) -> int:
@@ -318,16 +361,18 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
                              args.pace_ms, seed=1)
-        proxy = start_proxy(upstream, workdir, data_dir, args.profile)
+        proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers)
+        pids = tree(proxy.popen.pid)
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
         await drive(proxy.url, args.sessions, args.warmup_seconds, scripts, args.pace_ms, seed=2)
-        cpu_before = proxy.cpu_s()
+        cpu_before = tree_cpu_s(pids)
         print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
         proxied = await drive(proxy.url, args.sessions, args.seconds, scripts, args.pace_ms,
                               seed=3)
-        cpu = proxy.cpu_s() - cpu_before
+        cpu = tree_cpu_s(pids) - cpu_before
         metrics = scrape(proxy)
-        peak, end = vm_kib(proxy.popen.pid, "VmHWM"), vm_kib(proxy.popen.pid, "VmRSS")
+        peak = sum(vm_kib(pid, "VmHWM") for pid in pids)
+        end = sum(vm_kib(pid, "VmRSS") for pid in pids)
     finally:
         if proxy is not None:
             stop(proxy)  # SIGTERM: open streams finish, queued memory writes are flushed
@@ -360,7 +405,9 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"one request per turn plus a tool-loop request when the turn used tools; window 5 "
         f"turns; {len(AGENTS)} agents of one team, the team's wiki bound to each); the fake "
         f"upstream streams 70 events {args.pace_ms:g} ms apart; SQLite memory store; "
-        "ctxproxy as one process (`python -m proxy serve`).",
+        + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
+           f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
+           f"(`CTXPROXY_WORKERS={args.workers} python -m proxy serve`)."),
         "",
         "| | requests | errors | requests/s | TTFB p50 ms | TTFB p99 ms | stream p50 ms "
         "| stream p99 ms |",
@@ -383,11 +430,13 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         "",
         f"- Errors through the proxy: **{errors}**"
         + (f" ({dict(p.errors)})" if errors else "") + f"; direct: {sum(d.errors.values())}.",
-        f"- Proxy peak RSS (VmHWM): **{o.rss_peak_kib / 1024:.0f} MiB** (VmRSS at the end "
+        f"- Proxy peak RSS (VmHWM{', summed over its processes' if args.workers > 1 else ''}): "
+        f"**{o.rss_peak_kib / 1024:.0f} MiB** (VmRSS at the end "
         f"{o.rss_end_kib / 1024:.0f} MiB); proxy CPU {o.proxy_cpu_s:.1f} s over the "
-        f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of a core, "
+        f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of one core, "
         f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request).",
-        f"- From the proxy's /metrics (warm-up included): turns cut "
+        "- From the proxy's /metrics (warm-up included"
+        + (f"; one worker's of {args.workers}" if args.workers > 1 else "") + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
         f"{recalls:,.0f} (mean {recall_ms:.1f} ms), memories injected "
         f"{m.get('ctxproxy_memory_recalled_total', 0):,.0f}; knowledge cache hits "
@@ -400,12 +449,20 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         "- Added latency is the difference of the quantiles of two runs of the same load "
         "(straight to the upstream, then through the proxy), so it includes the CPU the "
         "proxy takes from the client and the upstream on the same two cores.",
+        f"- The {os.cpu_count()} cores are shared: this client, the fake upstream, the proxy"
+        + (f"'s {args.workers} workers" if args.workers > 1 else "") + " and other people's "
+        "jobs on the machine (load average in the first line) all run on them; more workers "
+        "than free cores only add contention.",
     ]
     return "\n".join(lines)
 
 
-def write_results(text: str) -> None:
-    write_block(SECTION, BEGIN, END, text)
+def write_results(text: str, workers: int = 1) -> None:
+    if workers == 1:
+        write_block(SECTION, BEGIN, END, text)
+    else:
+        write_block(SECTION, f"<!-- load-workers-{workers}:begin (written by bench/load.py) -->",
+                    f"<!-- load-workers-{workers}:end -->", text)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -418,6 +475,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=12, help="turns per thread")
     parser.add_argument("--pace-ms", type=float, default=40.0,
                         help="between the upstream's events (70 per answer)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="CTXPROXY_WORKERS of the proxy (its own block in RESULTS.md)")
     parser.add_argument("--quick", action="store_true", help="40 sessions, 10 s")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
     parser.add_argument("--profile", type=Path, help="cProfile the proxy into this file")
@@ -442,7 +501,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print("\nfirst errors:\n  " + "\n  ".join(outcome.proxied.first_errors))
         print("\nproxy log (tail):\n" + outcome.log_tail)
     if not args.no_write:
-        write_results(text)
+        write_results(text, args.workers)
         print(f"\nwritten to {RESULTS}")
     return 1 if errors else 0
 

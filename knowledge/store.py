@@ -1,7 +1,9 @@
 """The embedded core's SQLite catalogue: wikis, their pages (FTS5 indexed), agent bindings.
 
 Synchronous and short: the server calls it through ``asyncio.to_thread``, the CLI directly.
-One connection behind a lock; WAL so that the CLI can write while a server reads.
+One connection behind a lock; WAL so that the CLI can write while a server reads, and
+several server processes (``CTXPROXY_WORKERS``) share the file, each write waiting up to
+the busy timeout for the others'.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +24,7 @@ __all__ = ["FILENAME", "Catalogue", "SyncResult"]
 
 FILENAME = "knowledge.sqlite3"
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+_BUSY_TIMEOUT_S = 5.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS knowledge (
@@ -79,6 +83,20 @@ def _new_id(prefix: str) -> str:
     return prefix + "".join(secrets.choice(_BASE36) for _ in range(8))
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL, retried: the switch ignores the busy timeout, so workers opening a new
+    file together would otherwise fail with "database is locked"."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 @dataclass(frozen=True, slots=True)
 class SyncResult:
     knowledge_id: str
@@ -100,8 +118,8 @@ class Catalogue:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        _wal(conn)
         conn.execute("PRAGMA foreign_keys = ON")
         conn.executescript(SCHEMA)
         return cls(conn)

@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from typing import Any
 
 from aiohttp import web
 
 from config import Settings, SettingsError, describe_settings, load_settings, logs
 from config.settings import unknown_settings
+from proxy import workers
 from proxy.bodies import SERVER_OPTIONS
 
 log = logging.getLogger("ctxproxy")
@@ -76,15 +79,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_server(settings: Settings) -> int:
+    """Serve until SIGTERM or SIGINT: in this process, or in ``WORKERS`` supervised ones."""
+    if settings.workers > 1:
+        return workers.supervise(
+            settings.workers, functools.partial(_worker, settings), **_listening(settings)
+        )
+    return _run(settings)
+
+
+def _worker(settings: Settings, index: int, ready: Connection) -> int:
+    """One of several workers (in a process of its own, started by ``workers.supervise``)."""
+    logs.configure(settings.log_level, settings.log_format)
+    workers.tag_logs(index)
+    return _run(settings, worker=index, ready=workers.ready_signal(ready))
+
+
+def _run(settings: Settings, *, worker: int | None = None,
+         ready: workers.Ready | None = None) -> int:
     try:
-        asyncio.run(_serve(settings))
+        asyncio.run(_serve(settings, worker=worker, ready=ready))
     except OSError as exc:
         print(f"ctxproxy: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve(settings: Settings) -> None:
+def _listening(settings: Settings) -> dict[str, object]:
+    return {"address": f"http://{settings.host}:{settings.port}",
+            "upstream": settings.upstream_url}
+
+
+async def _serve(settings: Settings, *, worker: int | None = None,
+                 ready: workers.Ready | None = None) -> None:
+    """Serve the app; a ``worker`` shares the port with the others (SO_REUSEPORT)."""
     from proxy.assemble import build_app
 
     app = build_app(settings)
@@ -92,19 +119,25 @@ async def _serve(settings: Settings) -> None:
         app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-    await site.start()
+    site = web.TCPSite(
+        runner, settings.host, settings.port, backlog=1024, reuse_port=worker is not None
+    )
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()  # the app's clients and stores are open already
+        raise
     log.info(
-        "ctxproxy listening",
-        extra=logs.fields(
-            address=f"http://{settings.host}:{settings.port}", upstream=settings.upstream_url
-        ),
+        "ctxproxy listening" if worker is None else "worker listening",
+        extra=logs.fields(**_listening(settings)),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready()
     try:
         await stop.wait()
     finally:
