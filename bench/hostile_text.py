@@ -27,9 +27,9 @@ import types
 from collections.abc import Callable, Sequence
 
 from bench._results import write_block
-from memory import redact as redact_module
+from injectors import redact as redact_module
+from injectors.redact import redact
 from memory.distill import Group, Mention, gather, resolve
-from memory.redact import redact
 from memory.statements import claims, constraints
 from tests.memory.test_linear_time import SHAPES
 
@@ -105,7 +105,7 @@ def report(rows: Sequence[tuple[str, ...]], before: str | None, command: str) ->
         f"{load_avg}). One run each.", "",
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
         *("| " + " | ".join(row) + " |" for row in rows), "",
-        "Redaction patterns: every pattern of `memory/redact.py` over the whole input (uncut; "
+        "Redaction patterns: every pattern of `injectors/redact.py` over the whole input (uncut; "
         "before, `redact()` as it was, which did not cut). `redact()` now cuts to "
         "`RECORD_CHARS` (64,000) first, head and tail kept. `~`: extrapolated from doubling "
         "sizes up to the first run over a second, at the growth it showed.",

@@ -83,8 +83,14 @@ class Settings(BaseSettings):
         "policy, the turns each cut keeps.",
     )
     keep_min_turns: int = Field(
-        2, ge=1,
+        1, ge=1,
         description="The fewest user turns a cut leaves (the newest included; cost policy).",
+    )
+    cut_digest_chars: int = Field(
+        8000, ge=0,
+        description="After a cut, tell the model what was cut: the newest cut turns' prompts, "
+        "commands and answers, shortened, in one <earlier_turns> message of at most this many "
+        "characters; 0: off.",
     )
     window_max_tokens: int = Field(
         120_000, ge=0,

@@ -21,8 +21,8 @@ from typing import Any, TextIO
 import orjson
 
 from config import Settings
+from injectors.redact import redact
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError, user_ref
-from memory.redact import redact
 from memory.stores import make_store
 
 __all__ = ["register"]

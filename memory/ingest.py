@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from injectors.redact import redact
 from memory.model import Memory, Scope, Store
-from memory.redact import redact
 from memory.turns import USER_CHARS, Turn, render
 
 __all__ = ["Ingester", "episodes"]

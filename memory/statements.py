@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from memory.bounds import clip
+from injectors.bounds import clip
 from memory.words import terms
 
 __all__ = ["Claim", "claims", "constraints", "is_question", "jaccard", "sentences"]

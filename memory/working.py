@@ -11,9 +11,9 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from injectors.redact import redact
 from memory.model import Memory, Scope, Store
 from memory.queue import WriteQueue
-from memory.redact import redact
 from memory.statements import constraints
 from memory.turns import Turn
 

@@ -92,6 +92,7 @@ class Notes:
     """What the steps report for the access-log line (None: not set, left out)."""
 
     outputs_masked: int | None = None
+    cut_digest_chars: int | None = None
     knowledge_assets: int | None = None
     memory_cache: str | None = None
     memory_recalled: int | None = None

@@ -227,7 +227,8 @@ HOSTILE = [
     '<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]>&e;',
 ]
 ALLOWED_TAGS = {"root", "knowledge_tools", "guidance", "knowledge", "summary", "list_tools",
-                "call_tool", "working_memory", "episodic_memory", "semantic_memory", "memory"}
+                "call_tool", "working_memory", "episodic_memory", "semantic_memory", "memory",
+                "earlier_turns", "turn", "prompt", "call", "answer", "seen", "skipped"}
 SAFE_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
 
 
@@ -289,11 +290,16 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
         assert any(squash(payload) in t for t in texts), payload
 
     # Nothing posing as a message got in: the client's own items (as the window kept them),
-    # plus the one recall message when split.
+    # the one recall message when split, and a digest of the cut turns when they are long
+    # enough to be worth one (its text escaped inside its block too).
     added = [i for i in sent["input"] if i not in client_items]
-    assert len(added) == (1 if placement == "split" else 0)
-    assert all(i["role"] == "developer" and i["content"][0]["text"].startswith("<episodic")
-               for i in added)
+    assert all(i["role"] == "developer" for i in added)
+    texts = [i["content"][0]["text"] for i in added]
+    digests = [parse_blocks(t) for t in texts if t.startswith("<earlier_turns")]
+    assert len(digests) <= 1
+    recalls = [t for t in texts if not t.startswith("<earlier_turns")]
+    assert len(recalls) == (1 if placement == "split" else 0)
+    assert all(t.startswith("<episodic") for t in recalls)
 
 
 # --- secrets -------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import orjson
 
 from config import Settings
 from request import Exchange
+from window.digest import Digests
 from window.masking import mask_range
 from window.policy import CostPolicy, budget_drop, turns_to_drop
 
@@ -20,7 +21,9 @@ class WindowStep:
     turn, in steps of ``slack + 1`` turns, or (``trim_at_tokens``) when the input passes a
     token budget. With ``mask_chars`` set, a cut also masks the tool outputs of the older turns
     it keeps (they are read uncached at the cut anyway); which turns those are depends only on
-    the cut, so the forwarded bytes stay the same until the next cut.
+    the cut, so the forwarded bytes stay the same until the next cut. With ``digest_chars``,
+    the cut turns' prompts, commands and answers go in as one ``<earlier_turns>`` message
+    before the first kept turn (the newest that fit in that many characters).
     """
 
     name = "window"
@@ -28,12 +31,14 @@ class WindowStep:
     def __init__(
         self, keep: int, slack: int = 0, *, trim_at_tokens: int = 0,
         mask_chars: int | None = None, policy: CostPolicy | None = None,
+        digest_chars: int = 0,
     ) -> None:
         self.keep = keep
         self.slack = slack
         self.trim_at_tokens = trim_at_tokens
         self.mask_chars = mask_chars
         self.policy = policy
+        self.digests = Digests(digest_chars) if digest_chars else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WindowStep:
@@ -52,6 +57,7 @@ class WindowStep:
             trim_at_tokens=settings.trim_at_tokens,
             mask_chars=settings.mask_keep_chars if settings.mask_tool_outputs else None,
             policy=policy,
+            digest_chars=settings.cut_digest_chars,
         )
 
     def cut(self, ex: Exchange) -> tuple[int, int]:
@@ -85,8 +91,18 @@ class WindowStep:
                     total += masked
             ex.notes.outputs_masked = total
             ex.masked_turns = frozenset(masked_turns)
+        starts = cut.starts
+        if self.digests is not None:
+            # What was cut, in brief, right before the first kept turn: the same bytes until
+            # the next cut.
+            digest = self.digests.message(ex.history, drop)
+            if digest is not None:
+                at = starts[0]
+                kept.insert(at, digest)
+                starts = [s + 1 for s in starts]
+                ex.notes.cut_digest_chars = len(digest["content"][0]["text"])
         ex.body = {**ex.body, "input": kept}
         ex.cut = cut.removed
         ex.first_turn = drop
-        ex.starts = cut.starts
+        ex.starts = starts
         ex.changed = True

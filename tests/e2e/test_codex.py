@@ -125,9 +125,10 @@ def real_prompts(body: dict[str, Any]) -> list[str]:
 
 
 def context_prefix(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items before the first prompt, but for the digest of cut turns the proxy adds."""
     items: list[dict[str, Any]] = body["input"]
     first = next(n for n, item in enumerate(items) if is_turn_start(item))
-    return items[:first]
+    return [i for i in items[:first] if not message_text(i).startswith("<earlier_turns")]
 
 
 def call_ids(body: dict[str, Any], kind: str = "function_call") -> list[str]:

@@ -91,7 +91,9 @@ def developer_memory(body: dict[str, Any]) -> list[tuple[int, str]]:
 
 
 def memory_text(body: dict[str, Any]) -> str:
-    """Everything the proxy injected as memory: instructions plus recall messages."""
+    """Everything the proxy injected: instructions, recall messages, the cut turns' digest."""
     parts = [body.get("instructions") or ""]
     parts += [text for _, text in developer_memory(body)]
+    parts += [codex_text(i) for i in body["input"] if i.get("role") == "developer"
+              and codex_text(i).startswith("<earlier_turns")]
     return "\n".join(parts)

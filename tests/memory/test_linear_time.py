@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import pytest
 
-from memory import redact as redact_module
-from memory.bounds import RECORD_CHARS, clip
-from memory.redact import MARK, redact
+from injectors import redact as redact_module
+from injectors.bounds import RECORD_CHARS, clip
+from injectors.redact import MARK, redact
 from memory.statements import _CONSTRAINT, _FACT, _RULE, claims, constraints, sentences
 from memory.words import terms
 

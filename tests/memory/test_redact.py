@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.redact import MARK, redact
+from injectors.redact import MARK, redact
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ async def test_the_app_sends_through_the_upstream_it_is_given(tmp_path: Path) ->
     upstream = Upstream("http://upstream.invalid/v1", 2, 5,
                         connector=lambda: aiohttp.UnixConnector(path=sock))
     settings = load_settings(env={}, upstream_url="http://upstream.invalid/v1",
-                             data_dir=tmp_path / "data", keep_turns=2, trim_slack=0)
+                             data_dir=tmp_path / "data", keep_turns=2, window_policy="fixed",
+                             trim_slack=0)
     proxy = await serve(build_app(settings, upstream=upstream), port=free_port())
     try:
         async with aiohttp.ClientSession() as http, http.post(

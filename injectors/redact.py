@@ -14,7 +14,7 @@ the input is whatever a request carries (a 1 MB base64 blob, a minified bundle, 
 - anything that may repeat before the part that decides is bounded (``{0,16}``).
 
 ``tests/memory/test_linear_time.py`` times each pattern on 1 MB inputs of its worst shapes.
-The input is also cut to ``memory.bounds.RECORD_CHARS`` first.
+The input is also cut to ``injectors.bounds.RECORD_CHARS`` first.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from memory.bounds import RECORD_CHARS, cut_mark, ends
+from injectors.bounds import RECORD_CHARS, cut_mark, ends
 
 __all__ = ["MARK", "redact"]
 

@@ -1,0 +1,113 @@
+"""What a cut leaves behind: the <earlier_turns> message, stable between cuts and bounded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lxml import etree
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from config import load_settings
+from injectors.cut_digest import CutTurn, render
+from request import Exchange, History, is_turn_start
+from tests.fakes import codex
+from window.digest import digest_message
+from window.step import WindowStep
+
+Item = dict[str, Any]
+
+
+def task(n: int, calls: int = 3, output: str = "ok") -> list[Item]:
+    items = [codex.text("user", f"task {n}: fix src/mod_{n}/core.py")]
+    for c in range(calls):
+        call = f"call_{n}_{c}"
+        items += [
+            {"type": "reasoning", "id": f"rs_{n}_{c}", "summary": [], "encrypted_content": "e"},
+            {"type": "function_call", "name": "exec_command", "call_id": call,
+             "arguments": json.dumps({"cmd": f"grep -n helper_{n}_{c} src/"})},
+            {"type": "function_call_output", "call_id": call,
+             "output": f"src/found_{n}_{c}.py:12: ParserState used here\n{output}"},
+        ]
+    return [*items, codex.text("assistant", f"Fixed task {n}.")]
+
+
+def exchange(items: list[Item]) -> Exchange:
+    raw = json.dumps(codex.request(items)).encode()
+    return Exchange.parse(raw, CIMultiDictProxy(CIMultiDict(codex.headers())),
+                          load_settings(env={}))
+
+
+async def forward(step: WindowStep, items: list[Item]) -> list[Item]:
+    ex = exchange(items)
+    await step(ex)
+    return list(ex.body["input"])
+
+
+def digest_of(items: list[Item]) -> etree._Element | None:
+    for item in items:
+        text = item.get("content", [{}])[0].get("text", "") if item.get("role") == "developer" \
+            else ""
+        if text.startswith("<earlier_turns"):
+            return etree.fromstring(text.encode())
+    return None
+
+
+async def test_a_cut_leaves_the_cut_turns_prompts_commands_and_names() -> None:
+    step = WindowStep(2, policy=None, digest_chars=8000)  # the fixed window: cut to 2 turns
+    items = [*codex.context_items(), *task(1), *task(2), *task(3),
+             codex.text("user", "task 4: go on")]
+    sent = await forward(step, items)
+
+    digest = digest_of(sent)
+    assert digest is not None
+    assert [t.get("n") for t in digest.findall("turn")] == ["1", "2"]
+    first = digest.find("turn")
+    assert first is not None
+    assert "task 1: fix src/mod_1/core.py" in (first.findtext("prompt") or "")
+    assert [c.text for c in first.findall("call")] == [f"grep -n helper_1_{c} src/"
+                                                       for c in range(3)]
+    assert "src/found_1_0.py" in (first.findtext("seen") or "")
+    assert "ParserState" in (first.findtext("seen") or "")
+    # It stands right before the first kept turn's prompt, after the pinned context.
+    at = next(i for i, item in enumerate(sent) if is_turn_start(item))
+    assert digest_of([sent[at - 1]]) is not None
+    assert sent[: at - 1] == codex.context_items()
+
+
+async def test_the_digest_is_the_same_bytes_until_the_next_cut() -> None:
+    step = WindowStep(2, slack=2, policy=None, digest_chars=8000)
+    history = codex.context_items()
+    sent = []
+    for n in range(1, 9):
+        history = [*history, *task(n)]
+        sent.append(await forward(step, [*history, codex.text("user", f"task {n + 1}")]))
+    digests = [etree.tostring(d) if (d := digest_of(s)) is not None else None for s in sent]
+    # slack 2: the cut moves every third turn (at 5 and 8 turns), the digest with it, never
+    # in between
+    assert digests[:3] == [None, None, None]
+    assert len(set(digests[3:6])) == 1 and len(set(digests[6:8])) == 1
+    assert None not in digests[3:] and digests[3] != digests[6]
+
+
+def test_the_digest_keeps_to_its_budget_newest_turns_first() -> None:
+    turns = [CutTurn(n, f"prompt {n} " * 50, tuple(("exec", f"cmd {n} {c}") for c in range(40)),
+                     f"answer {n}", (f"name_{n}",)) for n in range(1, 30)]
+    text = render(reversed(turns), 3000)
+    assert text is not None and len(text) <= 3000
+    shown = [t.get("n") for t in etree.fromstring(text.encode()).findall("turn")]
+    assert shown == sorted(shown, key=int) and shown[-1] == "29"
+    assert render(reversed(turns), 50) is None  # not even the block's own tags fit
+
+
+def test_hostile_outputs_cost_bounded_work() -> None:
+    # Only the head of each output is read: a megabyte-long word or run of separators gives
+    # the same digest as ten kilobytes of it, so the work does not grow with the output.
+    def digest(size: int) -> Item | None:
+        items = [*codex.context_items(), *task(1, output="a" * size),
+                 *task(2, output="/" * size), codex.text("user", "next")]
+        return digest_message(History(items), 2, 8000)
+
+    small, huge = digest(10_000), digest(1_000_000)
+    assert small is not None and small == huge
+    assert len(small["content"][0]["text"]) <= 8000

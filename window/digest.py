@@ -1,0 +1,134 @@
+"""What the window tells the model about the turns it cut: their prompts, calls and answers."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from injectors import cut_digest
+from injectors.redact import redact
+from request import History, Item, message_text
+
+__all__ = ["Digests", "digest_message"]
+
+# The argument keys that say what a command was (Codex's exec_command, shell, apply_patch).
+COMMAND_KEYS = ("cmd", "command", "input", "patch")
+OUTPUT_SCAN_CHARS = 4000  # of each tool output, what is read for names
+MAX_NAMES = 40  # per turn
+MAX_TURNS = 12  # the newest cut turns a digest may show
+CACHED = 1024
+
+# Paths (a/b, a/b.c) and compound identifiers (a_b, a.b, CamelCase): what later commands
+# reuse.
+# Each starts only where a token starts and quantifiers are possessive: linear-time on any
+# input, a megabyte-long word included.
+_NAME = re.compile(
+    r"(?<![\w./-])(?:[\w.-]*+/[\w./-]++|[A-Za-z_]\w*+(?:\.\w++)++|[A-Za-z]\w*_\w++"
+    r"|[A-Z][a-z0-9]++(?:[A-Z][a-z0-9]*+)++)"
+)
+
+
+def _what(item: Item) -> str:
+    args: Any = item.get("arguments", item.get("input", ""))
+    if isinstance(args, str):
+        try:
+            parsed = orjson.loads(args)
+        except orjson.JSONDecodeError:
+            return args
+        args = parsed
+    if isinstance(args, dict):
+        for key in COMMAND_KEYS:
+            value = args.get(key)
+            if isinstance(value, list):
+                value = " ".join(str(v) for v in value)
+            if isinstance(value, str):
+                return value
+    if item.get("type") == "local_shell_call":
+        action = item.get("action")
+        if isinstance(action, dict) and isinstance(action.get("command"), list):
+            return " ".join(str(v) for v in action["command"])
+    return args if isinstance(args, str) else orjson.dumps(args).decode()
+
+
+def _output_text(item: Item) -> str:
+    output = item.get("output")
+    if isinstance(output, str):
+        return output[:OUTPUT_SCAN_CHARS]
+    if isinstance(output, list):
+        return " ".join(str(p.get("text", ""))[:OUTPUT_SCAN_CHARS]
+                        for p in output[:8] if isinstance(p, dict))
+    return ""
+
+
+def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_digest.CutTurn:
+    calls: list[tuple[str, str]] = []
+    answer = ""
+    seen: dict[str, None] = {}  # names in the outputs, in order, each once
+    for item in history.turn_items(n)[1:]:
+        kind = item.get("type", "message")
+        if kind == "message" and item.get("role") == "assistant":
+            answer = message_text(item) or answer
+        elif isinstance(kind, str) and kind.endswith("_call"):
+            name = item.get("name")
+            calls.append((name if isinstance(name, str) else kind, _what(item)))
+        elif isinstance(kind, str) and kind.endswith("_call_output"):
+            for found in _NAME.findall(_output_text(item)):
+                name = found.strip("./-")
+                if len(name) >= 4:
+                    seen.pop(name, None)
+                    seen[name] = None
+    shown = " ".join(" ".join(c[:400] for _, c in calls).split())
+    names = [name for name in list(seen)[-MAX_NAMES:] if name not in shown]
+    # What users pasted stays in their own turns: the digest carries none of it.
+    return cut_digest.CutTurn(
+        n + 1, clean(history.prompt_text(n)[: cut_digest.PROMPT_CHARS * 2]),
+        tuple((name, clean(args[: cut_digest.CALL_CHARS * 2])) for name, args in calls),
+        clean(answer[: cut_digest.ANSWER_CHARS * 2]),
+        tuple(clean(" ".join(names)).split()),
+    )
+
+
+def digest_message(
+    history: History, first: int, max_chars: int, clean: Callable[[str], str] = redact
+) -> Item | None:
+    """A developer message with the turns before ``first`` (the newest MAX_TURNS of them, as
+    many as fit in ``max_chars``), secrets redacted; None when none fits."""
+    newest_first = (_cut_turn(history, n, clean)
+                    for n in range(first - 1, max(first - MAX_TURNS, 0) - 1, -1))
+    text = cut_digest.render(newest_first, max_chars)
+    if text is None:
+        return None
+    return {"type": "message", "role": "developer",
+            "content": [{"type": "input_text", "text": text}]}
+
+
+class Digests:
+    """Digest messages, made once per cut: every request until the next cut reuses the bytes.
+
+    Keyed by the content of the turns a digest may show (a digest of their items), so that a
+    digest is only ever reused for the same turns.
+    """
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._made: LRUCache[tuple[int, bytes], Item | None] = LRUCache(CACHED)
+
+    def message(self, history: History, first: int) -> Item | None:
+        lo = max(first - MAX_TURNS, 0)
+        cut = history.items[history.starts[lo] : history.starts[first]]
+        cut_bytes = orjson.dumps(cut)
+        key = (first, hashlib.blake2b(cut_bytes, digest_size=16).digest())
+        try:
+            return self._made[key]
+        except KeyError:
+            pass
+        made = digest_message(history, first, self.max_chars)
+        if made is not None and len(made["content"][0]["text"]) * 2 > len(cut_bytes):
+            made = None  # turns this short are cheaper to lose than to describe
+        self._made[key] = made
+        return made
