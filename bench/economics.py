@@ -438,16 +438,23 @@ class Strategy:
 # would see it run. It is the one setting the bench changes for the "defaults" row.
 SIMULATED_TIME = {"distill_interval_s": 0.05}
 NO_MEMORY = {"memory_enabled": False}
+FIXED_NO_MEMORY = {**NO_MEMORY, "window_policy": "fixed"}
 STRATEGIES = {s.name: s for s in (
     Strategy("direct", None, "Codex straight to the provider"),
     Strategy("defaults", dict(SIMULATED_TIME), "ctxproxy as installed: load_settings(env={})"),
-    Strategy("window", {**NO_MEMORY, "trim_slack": 0, "mask_tool_outputs": False},
-             "no memory, cut to 5 turns on every turn"),
-    Strategy("slack4", {**NO_MEMORY, "trim_slack": 4, "mask_tool_outputs": False},
-             "no memory, 5 turns, cut in steps of 5"),
-    Strategy("slack5", {**NO_MEMORY, "mask_tool_outputs": False},
-             "no memory, 5 turns, cut in steps of 6 (first cut at 11 turns)"),
-    Strategy("slack5-mask", dict(NO_MEMORY), "the defaults without memory"),
+    Strategy("fixed", {**SIMULATED_TIME, "window_policy": "fixed"},
+             "the previous defaults: fixed window, 5 turns, cut in steps of 6"),
+    Strategy("window", {**FIXED_NO_MEMORY, "trim_slack": 0, "mask_tool_outputs": False},
+             "no memory, fixed window: cut to 5 turns on every turn"),
+    Strategy("slack4", {**FIXED_NO_MEMORY, "trim_slack": 4, "mask_tool_outputs": False},
+             "no memory, fixed window: 5 turns, cut in steps of 5"),
+    Strategy("slack5", {**FIXED_NO_MEMORY, "mask_tool_outputs": False},
+             "no memory, fixed window: 5 turns, cut in steps of 6 (first cut at 11 turns)"),
+    Strategy("cost-nomem", dict(NO_MEMORY), "the defaults without memory"),
+    Strategy("keep2", {**SIMULATED_TIME, "keep_min_turns": 2},
+             "the defaults, a cut keeps one older turn"),
+    Strategy("nodigest", {**SIMULATED_TIME, "cut_digest_chars": 0},
+             "the defaults without the digest of cut turns"),
     Strategy("mem-ungated", {**SIMULATED_TIME, "recall_min_score": 0.0},
              "the defaults, every turn recalls its best matches"),
     Strategy("mem-gate30", {**SIMULATED_TIME, "recall_min_score": 0.3},
