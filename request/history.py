@@ -13,9 +13,16 @@ from dataclasses import dataclass
 
 import orjson
 
-from request.items import Item, is_compaction_message, is_context, is_message, message_text
+from request.items import Item, is_compaction_message, is_context, message_text
 
-__all__ = ["Cut", "History", "digest"]
+__all__ = ["MODEL_ITEMS", "Cut", "History", "digest"]
+
+
+# Items the model writes (besides assistant messages); a run of them is one model call.
+MODEL_ITEMS = frozenset({
+    "reasoning", "function_call", "custom_tool_call", "local_shell_call", "web_search_call",
+    "file_search_call", "computer_call", "image_generation_call", "mcp_call",
+})
 
 
 def digest(*parts: object) -> str:
@@ -38,7 +45,9 @@ class History:
     One pass over the items builds it; nothing here copies or changes an item.
     """
 
-    __slots__ = ("_calls", "_prompt_keys", "compacted", "context", "items", "starts")
+    __slots__ = (
+        "_calls", "_prompt_keys", "compacted", "context", "items", "model_calls", "starts"
+    )
 
     def __init__(self, items: Sequence[Item]) -> None:
         self.items: Sequence[Item] = items
@@ -47,17 +56,41 @@ class History:
         self.compacted = False  # a compaction rewrote it: its first prompt is not the session's
         self._calls: dict[str, list[int]] = {}
         self._prompt_keys: tuple[str, list[str]] | None = None
+        # Model calls each turn made: a run of items the model wrote is one call.
+        self.model_calls: list[int] = []
+        model_calls: list[int] = []
+        context, starts, calls = self.context, self.starts, self._calls
+        inside = False  # the previous item was the model's
         for i, item in enumerate(items):
-            context = is_context(item)
-            self.context.append(context)
-            if is_message(item) and item.get("role") == "user":
-                if not context:
-                    self.starts.append(i)
+            # Most items are reasoning, calls and outputs: one lookup settles them.
+            kind = item.get("type", "message")
+            if kind != "message" or "role" not in item:
+                context.append(kind == "additional_tools")
+                model = type(kind) is str and kind in MODEL_ITEMS
+                if model and not inside and model_calls:
+                    model_calls[-1] += 1
+                inside = model
+                call_id = item.get("call_id")
+                if type(call_id) is str:
+                    calls.setdefault(call_id, []).append(i)
+                continue
+            is_ctx = is_context(item)
+            context.append(is_ctx)
+            role = item.get("role")
+            if role == "user":
+                if not is_ctx:
+                    starts.append(i)
+                    model_calls.append(0)
                 elif not self.compacted and is_compaction_message(item):
                     self.compacted = True
+            model = role == "assistant"
+            if model and not inside and model_calls:
+                model_calls[-1] += 1
+            inside = model
             call_id = item.get("call_id")
-            if isinstance(call_id, str):
-                self._calls.setdefault(call_id, []).append(i)
+            if type(call_id) is str:
+                calls.setdefault(call_id, []).append(i)
+        self.model_calls = model_calls
 
     @property
     def turns(self) -> int:

@@ -86,18 +86,6 @@ def window(items: Sequence[Item], keep: int, slack: int = 0) -> WindowResult:
 
 # --- the cost-driven cut ---------------------------------------------------------------------
 
-# Items the model writes; a run of them between the client's items is one model call.
-MODEL_ITEMS = frozenset({
-    "reasoning", "function_call", "custom_tool_call", "local_shell_call", "web_search_call",
-    "file_search_call", "computer_call", "image_generation_call", "mcp_call",
-})
-
-
-def _is_model_item(item: Item) -> bool:
-    kind = item.get("type", "message")
-    return kind in MODEL_ITEMS or (kind == "message" and item.get("role") == "assistant")
-
-
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What a history shows of itself: tokens per turn and model calls per turn."""
@@ -107,19 +95,9 @@ class Shape:
 
     @classmethod
     def of(cls, history: History) -> Shape:
-        tokens, calls = [], []
-        items = history.items
-        for n in range(history.turns):
-            start, end = history.span(n)
-            tokens.append(len(orjson.dumps(items[start:end])) // 4)
-            count, inside = 0, False
-            for i in range(start + 1, end):
-                model = _is_model_item(items[i])
-                if model and not inside:
-                    count += 1
-                inside = model
-            calls.append(count)
-        return cls(tokens, calls)
+        items, bounds = history.items, [*history.starts, len(history.items)]
+        tokens = [len(orjson.dumps(items[a:b])) // 4 for a, b in itertools.pairwise(bounds)]
+        return cls(tokens, history.model_calls)
 
 
 @dataclass(frozen=True, slots=True)
