@@ -6,6 +6,7 @@ and on the relay's hot path that costs several times less CPU than h11 (bench/RE
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 
 import aiohttp
@@ -14,6 +15,8 @@ from yarl import URL
 
 from proxy.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from proxy.targets import check_path
+
+LARGE_BODY = 512 * 1024
 
 
 class Upstream:
@@ -66,9 +69,13 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """Send and return once the status line and headers are in (body not read)."""
         assert self._session is not None, "Upstream.start() was not awaited"
+        # A large body is written in chunks from a stream, not in one write (aiohttp warns).
+        data: bytes | io.BytesIO | None = (
+            io.BytesIO(body) if body is not None and len(body) > LARGE_BODY else body
+        )
         try:
             return await self._session.request(
-                method, url, headers=headers, data=body, allow_redirects=False
+                method, url, headers=headers, data=data, allow_redirects=False
             )
         except TimeoutError as exc:
             raise UpstreamTimeout("the upstream did not answer in time") from exc

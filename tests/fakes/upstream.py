@@ -166,7 +166,13 @@ class FakeUpstream:
 
     async def stream(self, request: web.Request, rec: Received,
                      output: list[dict[str, Any]] | None = None) -> web.StreamResponse:
-        body = rec.json
+        try:
+            body = rec.json
+        except (ValueError, RecursionError):
+            # As the real API answers a body it cannot read.
+            return web.json_response({"error": {
+                "message": "We could not parse the JSON body of your request.",
+                "type": "invalid_request_error", "param": None, "code": None}}, status=400)
         events = stream_events(output or default_output(body), estimate_tokens(rec.body))
         if not body.get("stream"):
             completed = json.loads(events[-1].split(b"data: ", 1)[1])
