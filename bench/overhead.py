@@ -129,16 +129,22 @@ def proxy_cmd(profile: Path | None = None) -> list[str]:
     return [*prefix, "-m", "proxy", "serve"]
 
 
-def start_proxy(name: str, upstream: Proc, workdir: Path, keep_turns: int,
-                profile: Path | None = None) -> Proc:
+def start_proxy(name: str, upstream: Proc, workdir: Path, keep_turns: int | None = None,
+                profile: Path | None = None, defaults: bool = False) -> Proc:
+    """ctxproxy with its defaults (``defaults``: memory on, a team for knowledge discovery),
+    or with memory off and ``keep_turns``."""
     port = free_port()
-    env = _server_env({
+    settings = {
         "CTXPROXY_PORT": str(port),
         "CTXPROXY_UPSTREAM_URL": f"http://127.0.0.1:{upstream.port}/v1",
-        "CTXPROXY_KEEP_TURNS": str(keep_turns),
-        "CTXPROXY_MEMORY_ENABLED": "false",
         "CTXPROXY_DATA_DIR": str(workdir / f"{name}-data"),
-    })
+    }
+    if defaults:
+        settings["CTXPROXY_TEAM_ID"] = "bench-team"
+    else:
+        settings["CTXPROXY_MEMORY_ENABLED"] = "false"
+        settings["CTXPROXY_KEEP_TURNS"] = str(keep_turns)
+    env = _server_env(settings)
     return start(name, proxy_cmd(profile), env, port, workdir)
 
 
@@ -151,8 +157,9 @@ def servers(workdir: Path, profile: Path | None = None) -> Iterator[list[Proc]]:
         upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port",
                                       str(port)], _server_env({}), port, workdir)
         procs.append(upstream)
-        procs.append(start_proxy("window", upstream, workdir, keep_turns=5, profile=profile))
+        procs.append(start_proxy("defaults", upstream, workdir, profile=profile, defaults=True))
         if profile is None:
+            procs.append(start_proxy("window", upstream, workdir, keep_turns=5))
             procs.append(start_proxy("passthrough", upstream, workdir, keep_turns=1000))
             port = free_port()
             procs.append(start("naive", [sys.executable, "-m", "bench._naive", "--port",
@@ -308,7 +315,8 @@ async def measure(procs: list[Proc], sizes: Sizes) -> Results:
 # --- the report ------------------------------------------------------------------------------
 
 LABELS = {
-    "window": "ctxproxy, window cuts 25 of 30 turns",
+    "defaults": "ctxproxy, the defaults (window, knowledge, memory)",
+    "window": "ctxproxy, window only (memory off)",
     "passthrough": "ctxproxy, nothing to cut (client's bytes forwarded)",
     "naive": "reference: bare aiohttp relay (bench/_naive.py)",
 }
@@ -349,6 +357,17 @@ def report(res: Results, proxies: list[str], body_kb: float) -> str:
     row(f"CPU per request / upstream's, c=32, events {PACE_MS} ms apart", "",
         [f"{ratio(res.paced_cpu, res.paced_cpu, p):.2f}x" for p in proxies])
     row("throughput / direct, c=32", "", [f"{ratio(res.rps, res.rps, p):.2f}" for p in proxies])
+    if "naive" in proxies:
+        def vs_relay(table: dict[str, list[float]], p: str, added: bool) -> str:
+            base = table["direct"] if added else [0.0] * len(table[p])
+            mine = [a - b for a, b in zip(table[p], base, strict=True)]
+            relay = [a - b for a, b in zip(table["naive"], base, strict=True)]
+            return f"{med(mine) / med(relay):.2f}x" if med(relay) > 0 else "-"
+
+        row("added TTFB / the bare relay's, c=1", "<= 1.5x",
+            [vs_relay(res.ttfb, p, True) for p in proxies])
+        row("CPU per request / the bare relay's, c=1", "<= 1.5x",
+            [vs_relay(res.cpu, p, False) for p in proxies])
 
     answer = answer_events()
     notes = [
