@@ -147,9 +147,10 @@ class Exchange:
         items = body.get("input")
         if items is not None and not isinstance(items, str | list):
             raise NotAResponsesRequest("input is neither a string nor a list")
-        if isinstance(items, list) and not all(type(item) is dict for item in items):
-            raise NotAResponsesRequest("input items must be objects")
-        history = History(items if isinstance(items, list) else [])
+        try:
+            history = History(items if isinstance(items, list) else [])
+        except TypeError as exc:
+            raise NotAResponsesRequest(str(exc)) from exc
         return cls(
             raw=raw,
             body=body,

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 import orjson
 
-from request.items import Item, is_compaction_message, is_context, message_text
+from request.items import (
+    SYSTEM_ROLES,
+    Item,
+    is_compaction_message,
+    is_context,
+    message_text,
+)
 
 __all__ = ["MODEL_ITEMS", "Cut", "History", "digest"]
 
@@ -62,6 +68,8 @@ class History:
         context, starts, calls = self.context, self.starts, self._calls
         inside = False  # the previous item was the model's
         for i, item in enumerate(items):
+            if type(item) is not dict:
+                raise TypeError("input items must be objects")
             # Most items are reasoning, calls and outputs: one lookup settles them.
             kind = item.get("type", "message")
             if kind != "message" or "role" not in item:
@@ -74,9 +82,11 @@ class History:
                 if type(call_id) is str:
                     calls.setdefault(call_id, []).append(i)
                 continue
-            is_ctx = is_context(item)
-            context.append(is_ctx)
             role = item.get("role")
+            is_ctx = is_context(item) if role == "user" else (
+                type(role) is str and role in SYSTEM_ROLES
+            )
+            context.append(is_ctx)
             if role == "user":
                 if not is_ctx:
                     starts.append(i)
