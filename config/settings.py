@@ -128,6 +128,12 @@ class Settings(BaseSettings):
     mask_keep_chars: int = Field(
         1000, ge=0, description="Characters a masked tool output keeps (half head, half tail)."
     )
+    mask_fetch_mb: float = Field(
+        64.0, ge=0,
+        description="MiB of masked tool outputs each process keeps whole (least recently "
+        "used out first) for the curl line in the mask's note, which fetches one back for the "
+        "same session and scope; 0: no curl line.",
+    )
 
     # --- identity ------------------------------------------------------------------------
     team_id: str | None = Field(None, description="Team when the request has no x-team-id.")

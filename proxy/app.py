@@ -200,7 +200,7 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     request_id=request.headers.get("x-client-request-id")
                     or request.headers.get("x-request-id"),
                     method=request.method,
-                    path=request.path,
+                    path="/ctxproxy/outputs/{id}" if route == "outputs" else request.path,
                     status=status,
                     total_ms=round(elapsed * 1000, 2),
                     route=route,

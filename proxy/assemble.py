@@ -2,7 +2,8 @@
 
 The request's path, in order: the window cuts the history (``window/``), knowledge discovery
 adds the ``<knowledge_tools>`` block (``knowledge/``), memory adds its typed blocks
-(``memory/``); then the relay forwards (``proxy/app.py``).
+(``memory/``); then the relay forwards (``proxy/app.py``). The window's masked outputs are
+kept whole for their fetch line by ``proxy/outputs.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from config import Settings
-from proxy import knowledge_wiring, memory_wiring
+from proxy import knowledge_wiring, memory_wiring, outputs
 from proxy.app import SETTINGS, add_passthrough, create_app
 from proxy.upstream import Upstream
 from request import Step
@@ -22,7 +23,7 @@ from window.step import WindowStep
 def steps(app: web.Application) -> Sequence[Step]:
     """The request pipeline, in order: cut the history, then add knowledge, then memory."""
     ordered: list[Step | None] = [
-        WindowStep.from_settings(app[SETTINGS]),
+        WindowStep.from_settings(app[SETTINGS], archive=outputs.archive(app)),
         knowledge_wiring.step(app),
         memory_wiring.step(app),
     ]
@@ -34,5 +35,6 @@ def build_app(settings: Settings, *, upstream: Upstream | None = None) -> web.Ap
     app = create_app(settings, steps=steps, upstream=upstream)
     knowledge_wiring.install(app)
     memory_wiring.install(app)
+    outputs.install(app)
     add_passthrough(app)  # last: local routes first
     return app

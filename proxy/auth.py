@@ -13,6 +13,9 @@ from proxy.errors import Unauthorized
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The masked-output route (proxy/outputs.py) is called by the model's shell, which has no
+# client key: the unguessable id and the session header it must match are its credential.
+OUTPUTS_ROUTE = "outputs"
 
 
 def load_client_keys(spec: str | None) -> tuple[bytes, ...]:
@@ -32,7 +35,8 @@ def client_auth(keys: tuple[bytes, ...]) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        # match_info is resolved before the middlewares run: only the matched route counts.
+        if request.path in OPEN_PATHS or request.match_info.route.name == OUTPUTS_ROUTE:
             return await handler(request)
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
         token = presented.strip().encode()

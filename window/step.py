@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import orjson
 
 from config import Settings
 from request import Exchange
 from window.digest import Digests
-from window.masking import mask_range
+from window.masking import Archive, Pointer, mask_range, output_text
 from window.policy import CostPolicy, budget_drop, turns_to_drop
 
 __all__ = ["WindowStep"]
@@ -23,7 +25,9 @@ class WindowStep:
     it keeps (they are read uncached at the cut anyway); which turns those are depends only on
     the cut, so the forwarded bytes stay the same until the next cut. With ``digest_chars``,
     the cut turns' prompts, commands and answers go in as one ``<earlier_turns>`` message
-    before the first kept turn (the newest that fit in that many characters).
+    before the first kept turn (the newest that fit in that many characters). With
+    ``archive``, each masked output's note carries the command that fetches it whole, and the
+    archive keeps it for that command.
     """
 
     name = "window"
@@ -31,7 +35,7 @@ class WindowStep:
     def __init__(
         self, keep: int, slack: int = 0, *, trim_at_tokens: int = 0,
         mask_chars: int | None = None, policy: CostPolicy | None = None,
-        digest_chars: int = 0,
+        digest_chars: int = 0, archive: Archive | None = None,
     ) -> None:
         self.keep = keep
         self.slack = slack
@@ -39,9 +43,10 @@ class WindowStep:
         self.mask_chars = mask_chars
         self.policy = policy
         self.digests = Digests(digest_chars) if digest_chars else None
+        self.archive = archive
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> WindowStep:
+    def from_settings(cls, settings: Settings, *, archive: Archive | None = None) -> WindowStep:
         policy = None
         if settings.window_policy == "cost":
             policy = CostPolicy(
@@ -58,6 +63,7 @@ class WindowStep:
             mask_chars=settings.mask_keep_chars if settings.mask_tool_outputs else None,
             policy=policy,
             digest_chars=settings.cut_digest_chars,
+            archive=archive,
         )
 
     def cut(self, ex: Exchange) -> tuple[int, int]:
@@ -82,13 +88,24 @@ class WindowStep:
         cut = ex.history.keep_from(drop)
         kept = cut.items
         if self.mask_chars is not None:
+            archive, identity = self.archive, ex.identity
+            pointer: Pointer | None = None
+            if archive is not None:
+                pointer = partial(archive.fetch_command, identity)
             masked_turns = []
             total = 0
             for k in range(min(newest_at_cut - drop, len(cut.starts) - 1)):
-                masked = mask_range(kept, cut.starts[k], cut.starts[k + 1], self.mask_chars)
-                if masked:
+                start, end = cut.starts[k], cut.starts[k + 1]
+                whole = mask_range(kept, start, end, self.mask_chars, pointer)
+                if whole:
                     masked_turns.append(drop + k)
-                    total += masked
+                    total += len(whole)
+                if archive is not None:
+                    # Kept again on every request between cuts: any process that forwards
+                    # one of them can answer the fetch line.
+                    for item in whole:
+                        if isinstance(call_id := item.get("call_id"), str):
+                            archive.keep(identity, call_id, output_text(item))
             ex.notes.outputs_masked = total
             ex.masked_turns = frozenset(masked_turns)
         starts = cut.starts

@@ -1,0 +1,192 @@
+"""Masked tool outputs kept whole, so the model can fetch one back: ids, the store, the route.
+
+When the window masks an older tool output, the mask's note carries a curl line to
+``GET /ctxproxy/outputs/{id}`` with the session in ``x-ctxproxy-session``. The id is an
+HMAC over the scope (service, team, agent, user digest), the session and the call id, keyed
+by a secret in the data dir: unguessable, and the same in every process and after a restart,
+so the forwarded bytes stay the same. The outputs themselves live in a least-recently-used
+cache of ``CTXPROXY_MASK_FETCH_MB`` per process; every request between two cuts keeps them
+again, so a process that forwarded one of the session's requests can answer. An id that is
+unknown here, or asked for with another session, gets the same 404 (no oracle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import shlex
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+from cachetools import LRUCache
+
+from proxy.app import SETTINGS
+from proxy.auth import OUTPUTS_ROUTE
+from request import Identity
+
+__all__ = [
+    "GONE", "KEY_FILE", "OUTPUTS", "PATH", "SESSION_HEADER", "MaskedOutputs", "OutputIds",
+    "archive", "install", "load_key",
+]
+
+KEY_FILE = "outputs.key"
+PATH = "/ctxproxy/outputs/"
+SESSION_HEADER = "x-ctxproxy-session"
+GONE = (
+    "ctxproxy no longer holds this output (it keeps masked outputs for a while, in the "
+    "process that forwarded them). Run the command that produced it again.\n"
+)
+_DOMAIN = b"ctxproxy-masked-output\0"
+_HEADER_UNSAFE = re.compile(r"[^\x21-\x7e]")  # a header value the curl line can carry as is
+
+
+def load_key(data_dir: Path) -> bytes:
+    """The secret the ids are keyed by: made once (mode 0600), then read by every process.
+
+    Written to a private temporary file and linked into place, so that processes starting
+    together agree on one key and none reads a half-written file.
+    """
+    path = data_dir / KEY_FILE
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = data_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process made it first: use theirs
+        finally:
+            tmp.unlink()
+    key = path.read_bytes()
+    if len(key) < 16:
+        raise ValueError(f"{path} holds fewer than 16 bytes; remove it to make a new key")
+    return key
+
+
+class OutputIds:
+    """The id of a call's output in one session and scope (None without a usable session)."""
+
+    def __init__(self, key: bytes, service_id: str) -> None:
+        self._key = key
+        self._service_id = service_id
+
+    def id(self, identity: Identity, call_id: str) -> str | None:
+        session = identity.session_id
+        if not session or _HEADER_UNSAFE.search(session):
+            return None
+        scope = [self._service_id, identity.team_id, identity.agent_id, identity.user]
+        message = _DOMAIN + orjson.dumps([*scope, session, call_id])
+        digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]  # 128 bits
+        return base64.b32encode(digest).decode().rstrip("=").lower()
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    session: str
+    text: str
+
+
+def _size(kept: _Kept) -> int:
+    return sys.getsizeof(kept.text) + sys.getsizeof(kept.session)
+
+
+# (team, agent, user key, session, call id): what an id is made of, besides the service.
+_PointerKey = tuple[str | None, str | None, str | None, str | None, str]
+POINTERS_MEMO = 8192
+
+
+class MaskedOutputs:
+    """The window's archive: the fetch line of an output, and the outputs kept whole."""
+
+    def __init__(self, ids: OutputIds, base_url: str, max_bytes: int) -> None:
+        self._ids = ids
+        self._base_url = base_url.rstrip("/")
+        self._max_bytes = max_bytes
+        self._kept: LRUCache[str, _Kept] = LRUCache(maxsize=max_bytes, getsizeof=_size)
+        # Every request between two cuts masks the same outputs again: their ids and lines
+        # are remembered rather than computed (an HMAC and the quoting: ~12 µs each) again.
+        self._pointers: LRUCache[_PointerKey, tuple[str, str]] = LRUCache(POINTERS_MEMO)
+
+    def _pointer(self, identity: Identity, call_id: str) -> tuple[str, str] | None:
+        """The output's id and its fetch line."""
+        i = identity
+        key = (i.team_id, i.agent_id, i.user_key, i.session_id, call_id)
+        found = self._pointers.get(key)
+        if found is None:
+            output_id = self._ids.id(identity, call_id)
+            if output_id is None:
+                return None
+            argv = ["curl", "-sS", "-H", f"{SESSION_HEADER}: {identity.session_id}",
+                    f"{self._base_url}{PATH}{output_id}"]
+            found = self._pointers[key] = (output_id, " ".join(shlex.quote(a) for a in argv))
+        return found
+
+    def fetch_command(self, identity: Identity, call_id: str) -> str | None:
+        pointer = self._pointer(identity, call_id)
+        return pointer[1] if pointer is not None else None
+
+    def keep(self, identity: Identity, call_id: str, text: str) -> None:
+        pointer = self._pointer(identity, call_id)
+        if pointer is None or self._kept.get(pointer[0]) is not None:
+            return  # no line was given, or it is kept already (get marks it recently used)
+        output_id = pointer[0]
+        kept = _Kept(identity.session_id or "", text)
+        if _size(kept) <= self._max_bytes:
+            self._kept[output_id] = kept
+
+    def get(self, output_id: str, session: str) -> str | None:
+        """The output whole, if this process holds it and ``session`` is the one it is of."""
+        kept = self._kept.get(output_id)
+        if kept is None or not hmac.compare_digest(kept.session.encode(), session.encode()):
+            return None
+        return kept.text
+
+
+OUTPUTS = web.AppKey("masked_outputs", MaskedOutputs)
+
+
+def install(app: web.Application) -> None:
+    """Mount the fetch route (always: a fetch line must never be forwarded upstream) and,
+    when ``MASK_FETCH_MB`` is set, the store behind it."""
+    app.router.add_get(PATH + "{output_id}", fetch, name=OUTPUTS_ROUTE)
+    settings = app[SETTINGS]
+    if settings.mask_tool_outputs and settings.mask_fetch_mb > 0:
+        app.cleanup_ctx.append(_outputs_ctx)
+
+
+def archive(app: web.Application) -> MaskedOutputs | None:
+    """The window step's archive (called at start-up, after every context is open)."""
+    return app.get(OUTPUTS)
+
+
+async def _outputs_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    key = await asyncio.to_thread(load_key, settings.data_dir)
+    app[OUTPUTS] = MaskedOutputs(
+        OutputIds(key, settings.service_id),
+        settings.reachable_url,
+        int(settings.mask_fetch_mb * 1024 * 1024),
+    )
+    yield
+
+
+async def fetch(request: web.Request) -> web.Response:
+    """GET /ctxproxy/outputs/{id}: a masked output whole, for the session that has it."""
+    outputs = request.app.get(OUTPUTS)
+    session = request.headers.get(SESSION_HEADER, "")
+    text = outputs.get(request.match_info["output_id"], session) if outputs else None
+    if text is None:
+        return web.Response(status=404, text=GONE, content_type="text/plain", charset="utf-8")
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
