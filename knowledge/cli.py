@@ -1,4 +1,5 @@
-"""`ctxproxy knowledge ...` commands: manage the embedded core's wikis and agent bindings."""
+"""`ctxproxy knowledge ...` commands: manage the embedded core's wikis, code graphs and agent
+bindings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from config import Settings
-from knowledge.store import FILENAME, Catalogue
+from knowledge.code_index import index_repository
+from knowledge.store import FILENAME, Catalogue, WrongType
 from knowledge.wiki import read_pages
 from request import user_digest
 
@@ -19,7 +21,8 @@ Command = Callable[[Settings, argparse.Namespace], int]
 def register(commands: Any) -> None:
     """Add the `knowledge` command group to the top-level parser."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "knowledge", help="manage knowledge (wikis and agent bindings of the embedded core)"
+        "knowledge",
+        help="manage knowledge (wikis, code graphs and agent bindings of the embedded core)",
     )
 
     def usage(settings: Settings, args: argparse.Namespace) -> int:
@@ -36,6 +39,16 @@ def register(commands: Any) -> None:
     add.add_argument("dir", type=Path, help="the folder (searched recursively)")
     add.set_defaults(func=_run(add_wiki))
 
+    code = sub.add_parser(
+        "add-code",
+        help="index a repository (Python, JS/TS, Go, Rust) as a code graph (re-run: sync)",
+    )
+    code.add_argument("--team", required=True, help="the team the code graph belongs to")
+    code.add_argument("--name", required=True, help="display name")
+    code.add_argument("--summary", default=None, help="one-line description")
+    code.add_argument("dir", type=Path, help="the repository's root folder")
+    code.set_defaults(func=_run(add_code))
+
     show = sub.add_parser("list", help="list the knowledge and its bindings")
     show.add_argument("--team", default=None, help="only this team's")
     show.set_defaults(func=_run(list_knowledge))
@@ -51,11 +64,11 @@ def register(commands: Any) -> None:
         )
         if name == "bind":
             p.add_argument("--priority", type=int, default=50, help="higher is listed first")
-        p.add_argument("id", help="knowledge id (wiki-...)")
+        p.add_argument("id", help="knowledge id (wiki-... or cg-...)")
         p.set_defaults(func=_run(fn))
 
-    rm = sub.add_parser("remove", help="delete knowledge, its pages and its bindings")
-    rm.add_argument("id", help="knowledge id (wiki-...)")
+    rm = sub.add_parser("remove", help="delete knowledge, its pages or files, its bindings")
+    rm.add_argument("id", help="knowledge id (wiki-... or cg-...)")
     rm.set_defaults(func=_run(remove))
 
 
@@ -86,13 +99,37 @@ def add_wiki(settings: Settings, args: argparse.Namespace, catalogue: Catalogue)
     if not root.is_dir():
         return _fail(f"{args.dir} is not a folder")
     pages = read_pages(root)
-    result = catalogue.sync_wiki(
-        settings.service_id, args.team, args.name, args.summary, str(root), pages
-    )
+    try:
+        result = catalogue.sync_wiki(
+            settings.service_id, args.team, args.name, args.summary, str(root), pages
+        )
+    except WrongType as exc:
+        return _fail(str(exc))
     print(result.knowledge_id)
     print(
         f"{len(pages)} pages: {result.added} added, {result.updated} updated, "
         f"{result.removed} removed, {result.unchanged} unchanged",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def add_code(settings: Settings, args: argparse.Namespace, catalogue: Catalogue) -> int:
+    root: Path = args.dir.resolve()
+    if not root.is_dir():
+        return _fail(f"{args.dir} is not a folder")
+    try:
+        result, parsed = index_repository(
+            catalogue, settings.service_id, args.team, args.name, args.summary, root,
+            progress=sys.stderr,
+        )
+    except WrongType as exc:
+        return _fail(str(exc))
+    print(result.knowledge_id)
+    total = result.added + result.updated + result.unchanged
+    print(
+        f"{total} files: {result.added} added, {result.updated} updated, "
+        f"{result.removed} removed, {result.unchanged} unchanged ({parsed} parsed)",
         file=sys.stderr,
     )
     return 0
@@ -104,14 +141,17 @@ def list_knowledge(settings: Settings, args: argparse.Namespace, catalogue: Cata
     for b in catalogue.bindings(settings.service_id):
         bound.setdefault(b["knowledge_id"], []).append(f"{b['agent_id']}({b['priority']})")
     if not rows:
-        print("no knowledge yet: ctxproxy knowledge add-wiki --team T --name N DIR")
+        print("no knowledge yet: ctxproxy knowledge add-wiki (or add-code) --team T --name N DIR")
         return 0
     for r in rows:
-        print(f"{r['knowledge_id']}  {r['type']}  team={r['team_id']}  pages={r['page_count']}"
-              f"  {r['name']}")
+        size = (f"files={r['file_count']}" if r["type"] == "code-graph"
+                else f"pages={r['page_count']}")
+        print(f"{r['knowledge_id']}  {r['type']}  team={r['team_id']}  {size}  {r['name']}")
         if r["summary"]:
             print(f"    {r['summary']}")
         print(f"    source: {r['source']}")
+        if r["repo_slug"]:
+            print(f"    repo: {r['repo_slug']}" + (f" ({r['branch']})" if r["branch"] else ""))
         if r["knowledge_id"] in bound:
             print(f"    bound to: {', '.join(bound[r['knowledge_id']])}")
     return 0

@@ -1,4 +1,4 @@
-"""The embedded core and wiki service: KERNEL_API.md's calls over the local catalogue.
+"""The embedded core and its knowledge service: KERNEL_API.md's calls over the catalogue.
 
 ``EmbeddedCore`` takes and returns the wire shapes (``data`` of the envelope) and raises
 ``ServiceError`` with the envelope's non-zero code; the HTTP routes and the in-process
@@ -14,14 +14,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from knowledge.client import MAX_IDS, CoreError, parse_bindings, parse_items
+from knowledge.code_tools import CODE_TOOLS, call_code_tool
 from knowledge.model import BoundAsset, KnowledgeItem
+from knowledge.params import Body, ServiceError
+from knowledge.params import integer as _integer
+from knowledge.params import string as _string
 from knowledge.store import Catalogue
 from request import user_digest
 
 __all__ = ["WIKI_TOOLS", "EmbeddedCore", "LocalCore", "ServiceError"]
 
 T = TypeVar("T")
-Body = dict[str, Any]
+# The catalogue's type -> KERNEL_API.md's asset_type of a binding.
+ASSET_TYPES = {"wiki": "llm_wiki", "code-graph": "code_graph"}
 
 WIKI_TOOLS: list[Body] = [
     {"name": "get_info", "description": "The wiki's name, summary and page count.",
@@ -38,31 +43,8 @@ WIKI_TOOLS: list[Body] = [
 ]
 
 
-class ServiceError(Exception):
-    """A request the core refuses: ``code`` is the envelope's code and the HTTP status."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _string(body: Body, key: str) -> str:
-    value = body.get(key)
-    if not isinstance(value, str) or not value:
-        raise ServiceError(400, f"{key} must be a non-empty string")
-    return value
-
-
-def _integer(body: Body, key: str, default: int, low: int, high: int) -> int:
-    value = body.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ServiceError(400, f"{key} must be an integer from {low} to {high}")
-    return value
-
-
 class EmbeddedCore:
-    """The core's discovery calls and the wiki tools, answered from the catalogue."""
+    """The core's discovery calls and the assets' tools, answered from the catalogue."""
 
     def __init__(self, catalogue: Catalogue, service_url: str) -> None:
         self.catalogue = catalogue
@@ -90,8 +72,9 @@ class EmbeddedCore:
         return {
             "knowledge_id": row["knowledge_id"], "type": row["type"],
             "service_url": self.service_url, "name": row["name"], "summary": row["summary"],
-            "team_id": row["team_id"], "user_id": None, "repo_url": None, "branch": None,
-            "repo_slug": None, "created_at": row["created_at"], "updated_at": row["updated_at"],
+            "team_id": row["team_id"], "user_id": None, "repo_url": row["repo_url"],
+            "branch": row["branch"], "repo_slug": row["repo_slug"],
+            "created_at": row["created_at"], "updated_at": row["updated_at"],
         }
 
     def agent_assets(self, service_id: str, user_key: str | None, body: Body) -> Body:
@@ -100,15 +83,16 @@ class EmbeddedCore:
         agent_id = _string(body, "agent_id")
         rows = self.catalogue.bindings(service_id, agent_id, user_digest(user_key))
         return {"items": [
-            {"asset_id": r["knowledge_id"], "asset_type": "llm_wiki", "name": r["name"],
+            {"asset_id": r["knowledge_id"], "asset_type": ASSET_TYPES[r["type"]],
+             "name": r["name"],
              "description": r["summary"], "status": "active", "visibility": "private",
              "injection_mode": "tool", "priority": r["priority"], "created_at": r["created_at"]}
             for r in rows
         ]}
 
-    # --- the wiki service ----------------------------------------------------------------------
+    # --- the knowledge service (wikis here, code graphs in code_tools) ----------------------------
 
-    def _wiki(self, service_id: str, body: Body) -> Body:
+    def _asset(self, service_id: str, body: Body) -> Body:
         knowledge_id = _string(body, "knowledge_id")
         rows = self.catalogue.knowledge(service_id, ids=[knowledge_id])
         if not rows:
@@ -116,16 +100,19 @@ class EmbeddedCore:
         return rows[0]
 
     def tools_list(self, service_id: str, body: Body) -> Body:
-        row = self._wiki(service_id, body)
+        row = self._asset(service_id, body)
+        tools = CODE_TOOLS if row["type"] == "code-graph" else WIKI_TOOLS
         return {"knowledge_id": row["knowledge_id"], "type": row["type"], "name": row["name"],
-                "summary": row["summary"], "status": "active", "tools": WIKI_TOOLS}
+                "summary": row["summary"], "status": "active", "tools": tools}
 
     def tools_call(self, service_id: str, body: Body) -> Body:
-        row = self._wiki(service_id, body)
+        row = self._asset(service_id, body)
         tool = _string(body, "tool_name")
         params = body.get("params") or {}
         if not isinstance(params, dict):
             raise ServiceError(400, "params must be an object")
+        if row["type"] == "code-graph":
+            return call_code_tool(self.catalogue, row, tool, params)
         tools: dict[str, Callable[[Body, Body], Body]] = {
             "get_info": self._get_info, "search": self._search,
             "list_pages": self._list_pages, "read_page": self._read_page,

@@ -12,7 +12,8 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 from knowledge.wiki import Page
 
-__all__ = ["FILENAME", "Catalogue", "SyncResult"]
+__all__ = ["FILENAME", "Catalogue", "SyncResult", "WrongType"]
 
 FILENAME = "knowledge.sqlite3"
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -74,6 +75,70 @@ CREATE TABLE IF NOT EXISTS bindings (
 );
 """
 
+# Code graphs (issue 15). Names are resolved at query time, by name within the graph, so
+# a file's rows depend on that file alone: re-indexing replaces only changed files.
+CODE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS code_graphs (
+    knowledge_id TEXT PRIMARY KEY REFERENCES knowledge (knowledge_id) ON DELETE CASCADE,
+    repo_url TEXT,
+    repo_slug TEXT,
+    branch TEXT
+);
+CREATE TABLE IF NOT EXISTS code_files (
+    id INTEGER PRIMARY KEY,
+    knowledge_id TEXT NOT NULL REFERENCES knowledge (knowledge_id) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    language TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    lines INTEGER NOT NULL,
+    content TEXT NOT NULL,
+    UNIQUE (knowledge_id, path)
+);
+CREATE TABLE IF NOT EXISTS code_symbols (
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES code_files (id) ON DELETE CASCADE,
+    knowledge_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    qualname TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    signature TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    words TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS code_symbols_file ON code_symbols (file_id);
+CREATE INDEX IF NOT EXISTS code_symbols_name ON code_symbols (knowledge_id, name);
+CREATE INDEX IF NOT EXISTS code_symbols_qualname ON code_symbols (knowledge_id, qualname);
+CREATE VIRTUAL TABLE IF NOT EXISTS code_symbols_fts USING fts5 (
+    words, doc, content = 'code_symbols', content_rowid = 'id', tokenize = 'porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS code_symbols_ai AFTER INSERT ON code_symbols BEGIN
+    INSERT INTO code_symbols_fts (rowid, words, doc) VALUES (new.id, new.words, new.doc);
+END;
+CREATE TRIGGER IF NOT EXISTS code_symbols_ad AFTER DELETE ON code_symbols BEGIN
+    INSERT INTO code_symbols_fts (code_symbols_fts, rowid, words, doc)
+    VALUES ('delete', old.id, old.words, old.doc);
+END;
+CREATE TABLE IF NOT EXISTS code_refs (
+    file_id INTEGER NOT NULL REFERENCES code_files (id) ON DELETE CASCADE,
+    knowledge_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    line INTEGER NOT NULL,
+    scope_id INTEGER REFERENCES code_symbols (id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS code_refs_file ON code_refs (file_id);
+CREATE INDEX IF NOT EXISTS code_refs_name ON code_refs (knowledge_id, name, kind);
+CREATE INDEX IF NOT EXISTS code_refs_scope ON code_refs (scope_id);
+CREATE TABLE IF NOT EXISTS code_imports (
+    file_id INTEGER NOT NULL REFERENCES code_files (id) ON DELETE CASCADE,
+    statement TEXT NOT NULL,
+    line INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS code_imports_file ON code_imports (file_id);
+"""
+
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -95,6 +160,10 @@ def _wal(conn: sqlite3.Connection) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+class WrongType(ValueError):
+    """A folder is already indexed as another type of asset (a wiki, a code graph)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +191,7 @@ class Catalogue:
         _wal(conn)
         conn.execute("PRAGMA foreign_keys = ON")
         conn.executescript(SCHEMA)
+        conn.executescript(CODE_SCHEMA)
         return cls(conn)
 
     def close(self) -> None:
@@ -132,46 +202,78 @@ class Catalogue:
         with self._lock:
             return [dict(row) for row in self._conn.execute(sql, params)]
 
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Rows of one query, as dicts (for the asset modules: ``knowledge.code_store``)."""
+        return self._rows(sql, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside one write transaction, committed when the block ends."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            yield self._conn
+
+    def find_source(
+        self, conn: sqlite3.Connection, service_id: str, team_id: str, source: str
+    ) -> sqlite3.Row | None:
+        """The catalogue row already made from ``source`` for this team (in a transaction)."""
+        row: sqlite3.Row | None = conn.execute(
+            "SELECT knowledge_id, type FROM knowledge"
+            " WHERE service_id = ? AND team_id = ? AND source = ?",
+            (service_id, team_id, source),
+        ).fetchone()
+        return row
+
+    def insert_knowledge(
+        self, conn: sqlite3.Connection, kind: str, prefix: str, service_id: str, team_id: str,
+        name: str, summary: str | None, source: str,
+    ) -> str:
+        """A new catalogue row with a fresh ``prefix`` + 8 base36 id (in a transaction)."""
+        now = _now()
+        while True:
+            knowledge_id = _new_id(prefix)
+            try:
+                conn.execute(
+                    "INSERT INTO knowledge VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (knowledge_id, service_id, team_id, kind, name, summary, source, now, now),
+                )
+            except sqlite3.IntegrityError:
+                continue  # an id collision (36^8 ids): draw again
+            return knowledge_id
+
     # --- wikis -------------------------------------------------------------------------------
 
     def sync_wiki(
         self, service_id: str, team_id: str, name: str, summary: str | None, source: str,
         pages: Sequence[Page],
     ) -> SyncResult:
-        """Create or update the wiki of ``source``: changed pages updated, gone ones removed."""
-        now = _now()
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            row = self._conn.execute(
-                "SELECT knowledge_id FROM knowledge"
-                " WHERE service_id = ? AND team_id = ? AND source = ?",
-                (service_id, team_id, source),
-            ).fetchone()
-            if row is None:
-                knowledge_id = self._insert_wiki(service_id, team_id, name, summary, source, now)
-            else:
-                knowledge_id = row["knowledge_id"]
-                self._conn.execute(
-                    "UPDATE knowledge SET name = ?, summary = ?, updated_at = ?"
-                    " WHERE knowledge_id = ?",
-                    (name, summary, now, knowledge_id),
-                )
+        """Create or update the wiki of ``source``: changed pages updated, gone ones removed.
+
+        ``WrongType`` when ``source`` is already indexed as another type of asset."""
+        with self.transaction() as conn:
+            knowledge_id = self.upsert_knowledge(
+                conn, "wiki", "wiki-", service_id, team_id, name, summary, source
+            )
             return self._sync_pages(knowledge_id, pages)
 
-    def _insert_wiki(
-        self, service_id: str, team_id: str, name: str, summary: str | None, source: str,
-        now: str,
+    def upsert_knowledge(
+        self, conn: sqlite3.Connection, kind: str, prefix: str, service_id: str, team_id: str,
+        name: str, summary: str | None, source: str,
     ) -> str:
-        while True:
-            knowledge_id = _new_id("wiki-")
-            try:
-                self._conn.execute(
-                    "INSERT INTO knowledge VALUES (?, ?, ?, 'wiki', ?, ?, ?, ?, ?)",
-                    (knowledge_id, service_id, team_id, name, summary, source, now, now),
-                )
-            except sqlite3.IntegrityError:
-                continue  # an id collision (36^8 ids): draw again
-            return knowledge_id
+        """The id of the ``kind`` asset made from ``source``, created or renamed (in a
+        transaction)."""
+        row = self.find_source(conn, service_id, team_id, source)
+        if row is None:
+            return self.insert_knowledge(
+                conn, kind, prefix, service_id, team_id, name, summary, source
+            )
+        if row["type"] != kind:
+            raise WrongType(f"{source} is already indexed as {row['knowledge_id']}")
+        conn.execute(
+            "UPDATE knowledge SET name = ?, summary = ?, updated_at = ? WHERE knowledge_id = ?",
+            (name, summary, _now(), row["knowledge_id"]),
+        )
+        return str(row["knowledge_id"])
 
     def _sync_pages(self, knowledge_id: str, pages: Sequence[Page]) -> SyncResult:
         old = {
@@ -220,10 +322,14 @@ class Catalogue:
         self, service_id: str | None, team_id: str | None = None,
         ids: Sequence[str] | None = None, limit: int = 200,
     ) -> list[dict[str, Any]]:
-        """Catalogue rows with their page counts, oldest first; filters are ANDed."""
+        """Catalogue rows with their page or file counts and, for code graphs, the
+        repository; oldest first; filters are ANDed."""
         sql = (
             "SELECT k.*, (SELECT count(*) FROM pages p WHERE p.knowledge_id = k.knowledge_id)"
-            " AS page_count FROM knowledge k WHERE 1 = 1"
+            " AS page_count,"
+            " (SELECT count(*) FROM code_files f WHERE f.knowledge_id = k.knowledge_id)"
+            " AS file_count, c.repo_url, c.repo_slug, c.branch"
+            " FROM knowledge k LEFT JOIN code_graphs c USING (knowledge_id) WHERE 1 = 1"
         )
         params: list[Any] = []
         if service_id is not None:
