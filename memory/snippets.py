@@ -100,6 +100,45 @@ def _line_words(text: str, wanted: set[str]) -> list[frozenset[str]]:
     return out
 
 
+MAX_QUESTIONS = 3
+LONG_QUERY_WORDS = 40  # a prompt this long is more than its question
+QUESTION_SCAN_CHARS = 8000
+
+
+def questions(query: str) -> list[str]:
+    """The first few questions of a long prompt (sentences that end with '?'); none for a
+    short one, which is its own question."""
+    if len(query.split(None, LONG_QUERY_WORDS)) <= LONG_QUERY_WORDS:
+        return []
+    out = []
+    start = 0
+    for at, char in enumerate(query[:QUESTION_SCAN_CHARS]):
+        if char in ".!\n":
+            start = at + 1
+        elif char == "?":
+            out.append(query[start : at + 1])
+            start = at + 1
+            if len(out) == MAX_QUESTIONS:
+                break
+    return out
+
+
+def _match(
+    words_of: Sequence[frozenset[str]], contexts: Sequence[int | None], wanted: set[str]
+) -> float:
+    """The share of ``wanted`` the best line holds, with the line that says where it comes
+    from (the call that printed it)."""
+    match = 0.0
+    if not wanted:
+        return match
+    for n, words in enumerate(words_of):
+        if words & wanted:
+            at = contexts[n]
+            held = (words | words_of[at] if at is not None else words) & wanted
+            match = max(match, len(held) / len(wanted))
+    return match
+
+
 def _in_word(char: str) -> bool:
     return char.isalnum()  # what memory.words' [^\W_] matches
 
@@ -122,12 +161,16 @@ def snippet(
     lines = text.split("\n")
     words_of = _line_words(text, wanted)
     contexts = _contexts(lines)
+    # A long prompt is answered by one of its questions: the memory matches as well as it
+    # matches the question it answers best, and shows the lines for that question.
     match = 0.0
-    for n, words in enumerate(words_of):
-        at = contexts[n]
-        if words and wanted:
-            held = words | words_of[at] if at is not None else words
-            match = max(match, len(held) / len(wanted))
+    for part in [wanted, *(set(terms(q)) for q in questions(query))]:
+        best = _match(words_of, contexts, part)
+        if best > match:
+            match = best
+            if part is not wanted:
+                order = [w for w in order if w in part]
+                words_of = [ws & part for ws in words_of]
     # A token covers one character at least and rarely more than a dozen: skip counting
     # a text that is surely short, or surely long.
     if len(text) <= max_tokens or (len(text) < 12 * max_tokens and count(text) <= max_tokens):
