@@ -190,6 +190,12 @@ class Settings(BaseSettings):
         1000, gt=0, description="The most a request waits for memory before going without it."
     )
     ingest_queue_size: int = Field(1000, gt=0, description="Pending memory writes at most.")
+    ingest_queue_mb: float = Field(
+        256.0, gt=0,
+        description="MiB of pending memory writes at most (each estimated by the request it "
+        "came with); a write over it is refused and counted, and the session's next request "
+        "derives it again.",
+    )
 
     @field_validator("upstream_url", "core_url", "public_url")
     @classmethod

@@ -23,6 +23,7 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from memory.cpu import Offload
 from memory.health import Health
 from memory.model import Memory, Scope, Store, StoreError
 from memory.statements import NEAR, Claim, ClaimKind, claims
@@ -296,6 +297,23 @@ def plan(
     return writes, deletes
 
 
+def _decide(
+    scope: Scope, mentions: list[Mention], existing: Sequence[Memory], *, threshold: float,
+    now: float,
+) -> tuple[list[Memory], list[str]]:
+    """What to write and delete for a scope's mentions (pure; run in a worker)."""
+    return plan(scope, resolve(gather(mentions)), existing, threshold=threshold, now=now)
+
+
+def _claims_of(episodes: Sequence[Memory]) -> list[list[Claim]]:
+    """Each episode's claims, from its prompt (pure; run in a worker)."""
+    out: list[list[Claim]] = []
+    for episode in episodes:
+        user = episode.attrs.get("user")
+        out.append(claims(user) if isinstance(user, str) else [])
+    return out
+
+
 @dataclass(slots=True)
 class _ScopeState:
     mentions: dict[str, list[Mention]] = field(default_factory=dict)  # episode id -> mentions
@@ -307,9 +325,11 @@ class Distiller:
     """The background distillation task, and ``run_once`` for callers that cannot wait."""
 
     def __init__(
-        self, store: Store, *, threshold: float, interval_s: float, health: Health
+        self, store: Store, *, threshold: float, interval_s: float, health: Health,
+        offload: Offload = asyncio.to_thread,
     ) -> None:
         self._store = store
+        self._offload = offload
         self._threshold = threshold
         self._interval_s = interval_s
         self._health = health
@@ -364,9 +384,12 @@ class Distiller:
     async def distill(self, scope: Scope, now: float) -> int:
         """One scope: read its new episodes, then write what changed. Raises StoreError."""
         state = await self._read(scope, now)
-        groups = resolve(gather(m for ms in state.mentions.values() for m in ms))
+        mentions = [m for ms in state.mentions.values() for m in ms]
         existing = await self._store.list(scope, types=["semantic"], limit=1000, now=now)
-        writes, deletes = plan(scope, groups, existing, threshold=self._threshold, now=now)
+        # Claim resolution and planning grow with the scope's claims: in a worker.
+        writes, deletes = await self._offload(
+            _decide, scope, mentions, existing, threshold=self._threshold, now=now
+        )
         writes = [w for w in writes if await self._grounded(w, existing)]
         if deletes:
             await self._store.delete(deletes)
@@ -395,9 +418,9 @@ class Distiller:
         episodes = await self._store.list(
             scope, types=["episodic"], since=since, limit=MAX_EPISODES, now=now
         )
-        for episode in episodes:
-            user = episode.attrs.get("user")
-            found = claims(user) if isinstance(user, str) else []
+        # Parsing the prompts for claims scans their text: in a worker.
+        parsed = await self._offload(_claims_of, episodes)
+        for episode, found in zip(episodes, parsed, strict=True):
             if found:
                 session = episode.session_id or ""
                 state.mentions[episode.memory_id] = [

@@ -1,22 +1,29 @@
 """Episodic memory: every completed turn of a session, stored once, re-derived every turn.
 
-Runs on the write queue, off the request path. Each record is keyed by the session and the
-turn's content, so Codex's resent history, a replay or a retry updates the same record; a
-write that was lost is made good the next time the session's history comes by.
+Runs on the write queue, off the request path; rendering and redaction run in a worker
+(``memory.cpu``). Each record is keyed by the session and the turn's content, so Codex's
+resent history, a replay or a retry updates the same record; a write that was lost is made
+good the next time the session's history comes by. A session's last turn is stored from the
+answer the proxy relayed (``MemoryStep.answered``), under the key the next request gives it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from cachetools import LRUCache
+
 from injectors.redact import redact
+from memory.cpu import Offload
 from memory.model import Memory, Scope, Store
 from memory.turns import USER_CHARS, Turn, render
 
 __all__ = ["Ingester", "episodes"]
 
 _SESSIONS = 4096
+_ANSWERS = 4096
 
 
 def episodes(scope: Scope, session: str, turns: Sequence[Turn], *, now: float) -> list[Memory]:
@@ -40,32 +47,71 @@ def episodes(scope: Scope, session: str, turns: Sequence[Turn], *, now: float) -
 
 
 class Ingester:
-    """Writes a session's episodes, skipping those already stored as they are."""
+    """Writes a session's episodes, skipping those already stored as they are.
 
-    def __init__(self, store: Store, on_new: Callable[[Scope], None] = lambda s: None) -> None:
+    What is stored is known per session in memory and, for turns it has not seen (a restart,
+    another replica or worker), asked of the store by key before anything is rendered: a
+    long history is rendered and redacted once, not again after every restart.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        on_new: Callable[[Scope], None] = lambda s: None,
+        *,
+        offload: Offload = asyncio.to_thread,
+    ) -> None:
         self._store = store
         self._on_new = on_new
+        self._offload = offload
         # (scope, session) -> {turn key: in_window as stored}
         self._known: OrderedDict[tuple[Scope, str], dict[str, bool]] = OrderedDict()
+        # (scope, session, prompt key) -> (key, memory id) of a turn stored from its answer
+        self._answered: LRUCache[tuple[Scope, str, str], tuple[str, str]] = LRUCache(_ANSWERS)
 
     async def write(
-        self, scope: Scope, session: str, turns: Sequence[Turn], *, now: float
+        self, scope: Scope, session: str, turns: Sequence[Turn], *, now: float,
+        answer: bool = False,
     ) -> int:
-        """Store what is new or changed; returns how many records were written."""
+        """Store what is new or changed; returns how many records were written.
+
+        ``answer``: ``turns`` is a turn completed by the answer the proxy relayed. When the
+        client later resends that turn otherwise (it edited the answer, or dropped the ids
+        the key is made of), the resent turn replaces that record instead of joining it."""
         where = (scope, session)
         known = self._known.get(where, {})
         # Only turns not yet stored as they are get rendered and redacted: the rest of a long
-        # session costs a dictionary lookup.
+        # session costs a dictionary lookup, or once per process a lookup in the store.
         todo = [t for t in turns if t.complete and known.get(t.key) is not t.in_window]
-        changed = episodes(scope, session, todo, now=now)
-        if not changed:
-            return 0
-        await self._store.upsert(changed)
-        fresh = any(m.key not in known for m in changed)
-        self._known[where] = {**known, **{m.key: m.in_window for m in changed}}
+        unseen = [t.key for t in todo if t.key not in known]
+        stored = await self._store.stored(scope, "episodic", unseen) if unseen else {}
+        before = {**known, **stored}
+        todo = [t for t in todo if before.get(t.key) is not t.in_window]
+        changed = await self._offload(episodes, scope, session, todo, now=now) if todo else []
+        if changed:
+            stored_now = await self._store.upsert(changed)
+            await self._supersede(scope, session, stored_now, answer)
+        if changed or stored:
+            self._remember(where, {**before, **{m.key: m.in_window for m in changed}})
+        if any(m.key not in before for m in changed):
+            self._on_new(scope)
+        return len(changed)
+
+    async def _supersede(
+        self, scope: Scope, session: str, written: Sequence[Memory], answer: bool
+    ) -> None:
+        """A turn stored from its answer and then written otherwise (the client resent it
+        with other items, or the turn went on after an answer: a tool loop) is deleted."""
+        for memory in written:
+            where = (scope, session, str(memory.attrs.get("prompt")))
+            earlier = self._answered.pop(where, None)
+            if earlier is not None and earlier[0] != memory.key:
+                await self._store.delete([earlier[1]])
+            if answer:
+                self._answered[where] = (memory.key, memory.memory_id)
+
+    def _remember(self, where: tuple[Scope, str], known: dict[str, bool]) -> None:
+        self._known[where] = known
         self._known.move_to_end(where)
         while len(self._known) > _SESSIONS:
             self._known.popitem(last=False)
-        if fresh:
-            self._on_new(scope)
-        return len(changed)

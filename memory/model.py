@@ -123,3 +123,9 @@ class Store(Protocol):
     ) -> list[Memory]:
         """Records newest first (by updated_at), filtered; ``scope=None`` lists every scope
         (the CLI's view). Expired records are skipped."""
+
+    async def stored(
+        self, scope: Scope, kind: MemoryType, keys: Sequence[str]
+    ) -> dict[str, bool]:
+        """Which of ``keys`` (of this scope and ``kind``) are stored: each one's ``in_window`` as
+        stored. Expired records count: it answers whether a write would change anything."""

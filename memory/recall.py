@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from config import Settings
+from memory.cpu import Offload
 from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
 from memory.snippets import SNIPPET_TOKENS, lines_of, snippet
 
@@ -156,8 +157,10 @@ class Recaller:
         cost: Callable[[Memory], int],
         overhead: Callable[[MemoryType], int],
         snippet_tokens: int = SNIPPET_TOKENS,
+        offload: Offload = asyncio.to_thread,
     ) -> None:
         self._store = store
+        self._offload = offload
         self.weights = weights
         self.k = k
         self.budget = budget
@@ -227,7 +230,8 @@ class Recaller:
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT, now=now),
         )
-        named = await asyncio.gather(*(self._store.get(i) for i in mentioned_ids(query)))
+        ids = await self._offload(mentioned_ids, query)
+        named = await asyncio.gather(*(self._store.get(i) for i in ids))
         candidates: list[Candidate] = []
         for memory in named:
             # get() looks across every scope: never let another scope's memory through.
@@ -240,8 +244,26 @@ class Recaller:
         latest = sorted((m for m in recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
+        # Snippets and token counts scan the memories' text: in a worker, not on the loop.
+        return await self._offload(
+            self._pick, candidates, query, session=session, exclude=exclude,
+            shown=shown or {}, min_score=min_score, budget=budget, now=now,
+        )
+
+    def _pick(
+        self,
+        candidates: Sequence[Candidate],
+        query: str,
+        *,
+        session: str,
+        exclude: Collection[str],
+        shown: Mapping[str, Collection[str]],
+        min_score: float,
+        budget: int,
+        now: float,
+    ) -> list[Memory]:
+        """The recall among ``candidates``, each as its snippet for ``query`` (pure)."""
         views: dict[str, tuple[Memory, float]] = {}
-        seen = shown or {}
         chosen: list[Candidate] = []
         for c in candidates:
             memory = c.memory
@@ -254,7 +276,7 @@ class Recaller:
             view, match = views[memory.memory_id]
             if c.relevance < MENTIONED and match < min_score:
                 continue
-            if lines_of(view.text) <= set(seen.get(memory.memory_id, ())):
+            if lines_of(view.text) <= set(shown.get(memory.memory_id, ())):
                 continue  # an earlier recall message in the window shows this already
             chosen.append(Candidate(view, c.relevance))
         return self.choose(chosen, budget, now)

@@ -28,6 +28,7 @@ from config import Settings
 from injectors import memory_blocks
 from injectors.instructions import SEPARATOR, append_block
 from memory import turns as turns_
+from memory.cpu import Offload
 from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
@@ -35,13 +36,14 @@ from memory.queue import WriteQueue
 from memory.recall import Recaller
 from memory.snippets import lines_of
 from memory.working import Working
-from request import Exchange, Identity, Item, digest
+from request import Exchange, Identity, Item, Notes, digest
 
 __all__ = ["MemoryStep", "Prepared", "scope_of"]
 
 TURNS_CACHED = 4096
 STANDING_CACHED = 4096
 RECALLS_CACHED = 16384  # turns' recall messages (a few hundred bytes each)
+AWAITING = 1024  # requests in flight whose answer may complete their turn (one turn each)
 
 # (scope, session, the prompt's key, the turn's position in the history)
 TurnKey = tuple[Scope, str, str, int]
@@ -79,6 +81,27 @@ def _developer_message(text: str) -> dict[str, Any]:
             "content": [{"type": "input_text", "text": text}]}
 
 
+@dataclass(frozen=True, slots=True)
+class Awaiting:
+    """A request whose answer may complete its last turn (see MemoryStep.answered)."""
+
+    notes: Notes
+    scope: Scope
+    session: str
+    turn: turns_.Turn  # the request's last turn, before the answer
+
+
+def _texts(
+    standing: list[Memory], recalled: list[Memory]
+) -> tuple[str, str, tuple[tuple[str, frozenset[str]], ...]]:
+    """The standing and recall blocks, and the lines recall shows of each memory."""
+    return (
+        memory_blocks.render(standing),
+        memory_blocks.render(recalled),
+        tuple((m.memory_id, lines_of(m.text)) for m in recalled),
+    )
+
+
 def _forwarded_turns(
     ex: Exchange, scope: Scope, session: str
 ) -> list[tuple[int, TurnKey]]:
@@ -106,6 +129,7 @@ class MemoryStep:
         health: Health,
         recall_seconds: Histogram | None = None,
         recalled: Counter | None = None,
+        offload: Offload = asyncio.to_thread,
     ) -> None:
         self._settings = settings
         self._budget_s = settings.memory_timeout_ms / 1000
@@ -117,6 +141,11 @@ class MemoryStep:
         self._health = health
         self._recall_seconds = recall_seconds
         self._recalled = recalled
+        self._offload = offload
+        # The newest turn of each request waiting for its answer (see ``answered``), by the
+        # request's Notes: the one object the relay and this step both see. The entry holds
+        # the Notes, so its id names no other object while it is here.
+        self._awaiting: LRUCache[int, Awaiting] = LRUCache(AWAITING)
         self._turns: LRUCache[tuple[object, ...], asyncio.Task[Prepared]] = LRUCache(
             TURNS_CACHED
         )
@@ -133,6 +162,9 @@ class MemoryStep:
         if session is None:
             return
         scope = scope_of(self._settings, ex.identity)
+        pending = turns_.last(session, ex.history, ex.first_turn)
+        if pending is not None:
+            self._awaiting[id(ex.notes)] = Awaiting(ex.notes, scope, session, pending)
         key = self._turn_key(scope, session, ex)
         task = self._turns.get(key)
         ex.notes.memory_cache = "miss" if task is None else "hit"
@@ -158,6 +190,23 @@ class MemoryStep:
         ex.notes.memory_recalled = prepared.recalled
         self._apply(ex, prepared, scope, session)
 
+    def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
+        """The answer relayed for the request whose exchange has ``notes`` (its
+        ``response.completed`` output items, about ``size`` bytes): when it ends the user
+        turn, the turn is stored now, on the write queue, under the key it gets when the next
+        request resends it. True when a write was queued."""
+        waiting = self._awaiting.pop(id(notes), None)
+        if waiting is None or waiting.notes is not notes or not turns_.is_final(output):
+            return False
+        scope, session, pending, now = waiting.scope, waiting.session, waiting.turn, time.time()
+
+        async def store() -> None:
+            turn = await self._offload(turns_.answered, session, pending, output)
+            if turn is not None:
+                await self._ingester.write(scope, session, [turn], now=now, answer=True)
+
+        return self._queue.put(store, size)
+
     async def close(self) -> None:
         """Cancel turns still being prepared (shutdown)."""
         tasks = list(self._turns.values())
@@ -180,7 +229,8 @@ class MemoryStep:
     async def _prepare(self, scope: Scope, session: str, ex: Exchange) -> Prepared:
         start = time.perf_counter()
         now = time.time()
-        turns = turns_.split(session, ex.history, ex.first_turn)
+        # Splitting digests every item of the history: in a worker, not on the loop.
+        turns = await self._offload(turns_.split, session, ex.history, ex.first_turn)
         if not turns:
             return Prepared()
         try:
@@ -190,7 +240,9 @@ class MemoryStep:
             self._health.ok("working memory")
         except StoreError as exc:
             self._health.failed("working memory", exc)
-        self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now))
+        # The job keeps the parsed history alive until it runs: about the request's bytes.
+        self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
+                        len(ex.raw))
         window = {t.prompt_key for t in turns if t.in_window}
         forwarded = _forwarded_turns(ex, scope, session)
         kept = [self._shown.get(key) for _, key in forwarded[:-1]]
@@ -201,7 +253,7 @@ class MemoryStep:
                  if t.in_window and t.index not in ex.masked_turns}
         try:
             standing = await self._standing_for(scope, session, window, now)
-            used = self._recaller.cost(standing) if standing else 0
+            used = await self._offload(self._recaller.cost, standing) if standing else 0
             newest = self._shown.get(forwarded[-1][1]) if forwarded else None
             if newest is not None:  # this turn recalled already (a retry, another turn id)
                 recalled: list[Memory] = []
@@ -225,13 +277,13 @@ class MemoryStep:
                 self._recall_seconds.observe(time.perf_counter() - start)
         if self._recalled is not None:
             self._recalled.inc(len(standing) + len(recalled))
-        standing_text = memory_blocks.render(standing)
-        recall_text = memory_blocks.render(recalled)
+        standing_text, recall_text, recall_lines = await self._offload(
+            _texts, standing, recalled
+        )
         message = _developer_message(recall_text) if recall_text else None
         if forwarded and self._placement == "split":
             if newest is None:  # the first to recall for this turn decides its bytes
-                newest = Shown(message, tuple(
-                    (m.memory_id, lines_of(m.text)) for m in recalled))
+                newest = Shown(message, recall_lines)
                 self._remember(forwarded[-1][1], newest)
             message = newest.message
         return Prepared(
@@ -255,7 +307,7 @@ class MemoryStep:
         cached = self._standing.get(where)
         if cached is not None and cached[0] == signature:
             return cached[1]
-        chosen = self._recaller.standing(candidates, now)
+        chosen = await self._offload(self._recaller.standing, candidates, now)
         self._standing[where] = (signature, chosen)
         return chosen
 

@@ -372,6 +372,21 @@ class PostgresStore:
             rows = await cur.fetchall()
         return [_memory(row) for row in rows]
 
+    async def stored(
+        self, scope: Scope, kind: MemoryType, keys: Sequence[str]
+    ) -> dict[str, bool]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT key, in_window FROM memories WHERE service_id = %s AND team_id = %s"
+                " AND agent_id = %s AND user_ref = %s AND type = %s AND key = ANY(%s)",
+                (scope.service_id, scope.team_id, scope.agent_id, scope.user, kind, wanted),
+            )
+            rows = await cur.fetchall()
+        return {str(key): bool(in_window) for key, in_window in rows}
+
 
 @dataclass(frozen=True, slots=True)
 class _Stats:

@@ -133,6 +133,7 @@ _TF_CHARS = 2000
 _SUFFIXES = ("ing", "ed", "es", "s", "e")
 _BUSY_TIMEOUT_S = 5.0
 _CACHE_KIB = 32 * 1024
+_KEYS_PER_QUERY = 500  # under SQLite's bound on a statement's parameters
 
 
 class SqliteStore:
@@ -324,6 +325,29 @@ class SqliteStore:
             return sorted(found, key=lambda m: (m.updated_at, m.memory_id), reverse=True)
 
         return await self._run(list_)
+
+    async def stored(
+        self, scope: Scope, kind: MemoryType, keys: Sequence[str]
+    ) -> dict[str, bool]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+
+        def stored_() -> dict[str, bool]:
+            out: dict[str, bool] = {}
+            db = self._db()
+            for at in range(0, len(wanted), _KEYS_PER_QUERY):
+                chunk = wanted[at : at + _KEYS_PER_QUERY]
+                rows = db.execute(
+                    "SELECT key, in_window FROM memories WHERE service_id = ? AND team_id = ?"
+                    " AND agent_id = ? AND user_ref = ? AND type = ?"
+                    f" AND key IN ({', '.join('?' * len(chunk))})",
+                    [*_scope(scope), kind, *chunk],
+                ).fetchall()
+                out.update((str(key), bool(in_window)) for key, in_window in rows)
+            return out
+
+        return await self._run(stored_)
 
 
 # --- helpers -----------------------------------------------------------------------------------

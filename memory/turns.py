@@ -7,13 +7,13 @@ in the next request gets the same key, and storing it again updates one record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
 from request import History, Item, digest, is_message, message_text
 
-__all__ = ["INDENT", "Turn", "render", "session_key", "split"]
+__all__ = ["INDENT", "Turn", "answered", "is_final", "last", "render", "session_key", "split"]
 
 # Bounds of one stored turn (characters): enough to recall what happened, never a whole log.
 # Tool outputs are kept nearly whole: a fact in the middle of a file listing is what the
@@ -70,7 +70,7 @@ def split(session: str, history: History, first_turn: int = 0) -> list[Turn]:
             Turn(
                 index=n,
                 prompt_key=keys[n],
-                key="turn:" + digest(session, [_fingerprint(item) for item in items]),
+                key=_turn_key(session, items),
                 user=history.prompt_text(n),
                 items=items,
                 complete=n + 1 < history.turns and len(items) > 1,
@@ -78,6 +78,59 @@ def split(session: str, history: History, first_turn: int = 0) -> list[Turn]:
             )
         )
     return turns
+
+
+# Calls the client runs and answers in its next request: a response with one goes on.
+CLIENT_CALLS = frozenset({
+    "function_call", "custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call",
+    "computer_call",
+})
+
+
+def _turn_key(session: str, items: tuple[Item, ...]) -> str:
+    return "turn:" + digest(session, [_fingerprint(item) for item in items])
+
+
+def is_final(output: list[Item]) -> bool:
+    """Whether a response's output items end the user turn: an answer, no call to run."""
+    return bool(output) and not any(item.get("type") in CLIENT_CALLS for item in output)
+
+
+def last(session: str, history: History, first_turn: int = 0) -> Turn | None:
+    """The history's last turn as it stands, before its answer: what ``answered`` completes.
+    Its ``key`` is left empty (the answer is part of the key)."""
+    if not history.turns:
+        return None
+    n = history.turns - 1
+    return Turn(
+        index=n,
+        prompt_key=history.prompt_keys(session)[n],
+        key="",
+        user=history.prompt_text(n),
+        items=history.turn_items(n),
+        complete=False,
+        in_window=n >= first_turn,
+    )
+
+
+def _answered_already(turn: Turn) -> bool:
+    """The request resends an answer as its last item: a replay, not a question. What it is
+    answered with does not end the turn the client will resend."""
+    last_item = turn.items[-1]
+    return len(turn.items) > 1 and is_message(last_item) and last_item.get("role") == "assistant"
+
+
+def answered(session: str, turn: Turn, output: list[Item]) -> Turn | None:
+    """``turn`` (from ``last``) completed by ``output`` (the items of the response's
+    ``response.completed`` event), or None when the output does not end the turn.
+
+    The client resends those items in its next request, so the turn gets the key ``split``
+    gives it then: the answer is stored once, whichever comes first.
+    """
+    if not is_final(output) or _answered_already(turn):
+        return None
+    items = (*turn.items, *output)
+    return replace(turn, key=_turn_key(session, items), items=items, complete=True)
 
 
 def _clip(text: str, limit: int) -> str:

@@ -7,11 +7,13 @@ ones only get their TTL pushed back, through the write queue.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from injectors.redact import redact
+from memory.cpu import Offload
 from memory.model import Memory, Scope, Store
 from memory.queue import WriteQueue
 from memory.statements import constraints
@@ -63,8 +65,11 @@ def derive(
 class Working:
     """Writes working memory, remembering per session what is stored and since when."""
 
-    def __init__(self, store: Store, queue: WriteQueue, ttl_s: float) -> None:
+    def __init__(
+        self, store: Store, queue: WriteQueue, ttl_s: float, *, offload: Offload = asyncio.to_thread
+    ) -> None:
         self._store = store
+        self._offload = offload
         self._queue = queue
         self._ttl_s = ttl_s
         # (scope, session) -> ({key: text} as stored, when they were last written)
@@ -77,7 +82,10 @@ class Working:
         compacted: bool = False,
     ) -> list[Memory]:
         """Store the session's working memory; returns the records. Raises StoreError."""
-        records = derive(scope, session, turns, now=now, ttl_s=self._ttl_s, compacted=compacted)
+        # Redaction and statement extraction scan every prompt: in a worker, not on the loop.
+        records = await self._offload(
+            derive, scope, session, turns, now=now, ttl_s=self._ttl_s, compacted=compacted
+        )
         if not records:
             return []
         where = (scope, session)
@@ -89,7 +97,8 @@ class Working:
             await self._store.upsert(records)
             self._remember(where, texts, now)
         else:
-            self._queue.put(lambda: self._refresh(where, records, texts, now))
+            size = sum(len(t) for t in texts.values())
+            self._queue.put(lambda: self._refresh(where, records, texts, now), size)
         return records
 
     async def _refresh(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -20,7 +21,7 @@ from proxy import bodies, targets
 from proxy.auth import client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import request_headers, response_headers
-from proxy.metrics import Metrics
+from proxy.metrics import Metrics, sample_loop_lag
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
 from proxy.upstream import Upstream
@@ -35,6 +36,10 @@ METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
+# Told the output items relayed to the client (a response.completed event's), with the bytes
+# they took, for the request whose exchange had these Notes (the memory side stores the turn).
+AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
+ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
 
 
 @dataclass(slots=True)
@@ -120,6 +125,7 @@ def create_app(
         app[READY]["ready"] = False  # stop taking new traffic; open streams finish
 
     app.cleanup_ctx.append(gc_ctx)
+    app.cleanup_ctx.append(loop_lag_ctx)
     app.cleanup_ctx.append(upstream_ctx)
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -147,6 +153,15 @@ async def gc_ctx(app: web.Application) -> AsyncIterator[None]:
     gc.set_threshold(max(previous[0], GC_YOUNG_THRESHOLD), *previous[1:])
     yield
     gc.set_threshold(*previous)
+
+
+async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Sample the event loop's scheduling delay into ctxproxy_event_loop_lag_seconds."""
+    task = asyncio.create_task(sample_loop_lag(app[METRICS].loop_lag), name="ctxproxy-loop-lag")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def add_passthrough(app: web.Application) -> None:
@@ -383,6 +398,11 @@ def _is_sse(response: aiohttp.ClientResponse) -> bool:
 
 
 def _record_usage(app: web.Application, info: Access, tap: UsageTap) -> None:
+    answered = app.get(ANSWERED)
+    if answered is not None and info.notes is not None:
+        output = tap.output()
+        if output is not None:
+            answered(info.notes, output, tap.size)
     usage = tap.usage()
     if usage is None:
         return

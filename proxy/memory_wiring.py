@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from injectors import memory_blocks, tokens
+from memory.cpu import Pool
 from memory.distill import Distiller
 from memory.health import Health
 from memory.ingest import Ingester
@@ -19,8 +22,8 @@ from memory.recall import Recaller, Weights
 from memory.step import MemoryStep
 from memory.stores import make_store
 from memory.working import Working
-from proxy.app import METRICS, SETTINGS
-from request import Step
+from proxy.app import ANSWERED, METRICS, SETTINGS
+from request import Notes, Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
 
@@ -34,11 +37,15 @@ class Runtime:
     distiller: Distiller
     step: MemoryStep
     health: Health
+    pool: Pool  # the side's CPU work, off the event loop
     opening: asyncio.Task[None] | None = None  # retrying a store that failed to open
 
 
 MEMORY = web.AppKey("memory", Runtime)
 REOPEN_S = 30.0
+MIB = 1024 * 1024
+
+log = logging.getLogger("ctxproxy.memory")
 
 
 def install(app: web.Application) -> None:
@@ -55,6 +62,19 @@ def step(app: web.Application) -> Step | None:
 
 def _cost(memory: Memory) -> int:
     return tokens.count(memory_blocks.item(memory)) + 1
+
+
+def _answered(memory_step: MemoryStep) -> Callable[[Notes, list[dict[str, Any]], int], None]:
+    """The relay's hand-off: an answer that ends its turn is stored (on the write queue).
+    It runs in the relay's ``finally``: a bug here is logged, never raised into it."""
+
+    def answered(notes: Notes, output: list[dict[str, Any]], size: int) -> None:
+        try:
+            memory_step.answered(notes, output, size)
+        except Exception:
+            log.exception("storing the answered turn failed")
+
+    return answered
 
 
 async def _keep_opening(store: Store, health: Health) -> None:
@@ -81,10 +101,15 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         # The proxy still serves; turns go without memory blocks until the store opens.
         health.failed("store", exc)
         reopen = asyncio.create_task(_keep_opening(store, health), name="ctxproxy-store-open")
-    queue = WriteQueue(settings.ingest_queue_size, health, metrics.queue_depth.set)
+    queue = WriteQueue(
+        settings.ingest_queue_size, health, metrics.queue_depth.set,
+        max_bytes=int(settings.ingest_queue_mb * MIB), on_bytes=metrics.queue_bytes.set,
+        on_drop=lambda reason: metrics.queue_dropped.labels(reason).inc(),
+    )
+    pool = Pool()
     distiller = Distiller(
         store, threshold=settings.semantic_threshold, interval_s=settings.distill_interval_s,
-        health=health,
+        health=health, offload=pool.run,
     )
     recaller = Recaller(
         store,
@@ -93,22 +118,25 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         budget=settings.memory_tokens,
         cost=_cost,
         overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)),
+        offload=pool.run,
     )
     memory_step = MemoryStep(
         settings,
-        working=Working(store, queue, settings.working_ttl_s),
-        ingester=Ingester(store, on_new=distiller.notify),
+        working=Working(store, queue, settings.working_ttl_s, offload=pool.run),
+        ingester=Ingester(store, on_new=distiller.notify, offload=pool.run),
         recaller=recaller,
         queue=queue,
         health=health,
         recall_seconds=metrics.recall_seconds,
         recalled=metrics.recall_hits,
+        offload=pool.run,
     )
     # The tokenizer loads in most of a second: now, off the loop, not on the first turn.
     await asyncio.to_thread(tokens.encoding_name)
     queue.start()
     distiller.start()
-    app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, reopen)
+    app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen)
+    app[ANSWERED] = _answered(memory_step)
     try:
         yield
     finally:
@@ -120,3 +148,4 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         await queue.close()
         await distiller.close()
         await store.close()
+        pool.close()

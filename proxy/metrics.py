@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LAG_INTERVAL_S = 0.1
 
 
 class Metrics:
@@ -51,6 +55,22 @@ class Metrics:
         self.queue_depth = Gauge(
             "ctxproxy_ingest_queue_depth", "Memory writes waiting.", registry=r
         )
+        self.queue_bytes = Gauge(
+            "ctxproxy_ingest_queue_bytes", "Estimated bytes of the memory writes waiting.",
+            registry=r,
+        )
+        self.queue_dropped = Counter(
+            "ctxproxy_ingest_queue_dropped",
+            "Memory writes dropped: refused over the job bound (jobs) or the byte budget "
+            "(bytes), or failed twice (failed).",
+            ["reason"], registry=r,
+        )
+        self.loop_lag = Histogram(
+            "ctxproxy_event_loop_lag_seconds",
+            "How late the event loop woke a task that slept a fixed interval: the time every "
+            "request waited behind work on the loop.",
+            buckets=LAG_BUCKETS, registry=r,
+        )
         self.tokens = Counter(
             "ctxproxy_upstream_tokens", "Input tokens reported by the upstream.", ["kind"],
             registry=r,
@@ -58,3 +78,12 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+async def sample_loop_lag(lag: Histogram, interval_s: float = LAG_INTERVAL_S) -> None:
+    """Observe the loop's scheduling delay every ``interval_s``, until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(interval_s)
+        lag.observe(max(0.0, loop.time() - start - interval_s))

@@ -13,7 +13,8 @@ _MAX_TAIL = 8 * 1024 * 1024
 
 
 class UsageTap:
-    """Finds ``usage`` in the ``response.completed`` event of a Responses stream.
+    """Finds ``usage`` and the output items in the ``response.completed`` event of a
+    Responses stream.
 
     Fed every relayed chunk; it only starts keeping bytes once the completed event appears,
     so it costs a substring search per chunk and never delays the relay.
@@ -25,6 +26,8 @@ class UsageTap:
         self._pending = b""  # the current, unfinished event
         # A compressed stream is decoded for reading only; the relayed bytes stay as sent.
         self._decoder = StreamDecoder(content_encoding) if content_encoding else None
+        self._response_read = False
+        self._completed: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
         """Watch one relayed chunk, as the upstream sent it (decoded here if compressed)."""
@@ -49,14 +52,38 @@ class UsageTap:
         end = buf.rfind(b"\n\n")
         self._pending = buf[end + 2 :] if end >= 0 else buf
 
-    def usage(self) -> dict[str, int] | None:
-        """input/cached/output tokens of the completed response, or None."""
+    def _response(self) -> dict[str, Any] | None:
+        """The ``response`` of the ``response.completed`` event (parsed once), or None."""
+        if self._response_read:
+            return self._completed
+        self._response_read = True
         for event in parse_events(bytes(self._tail)):
             data = event.get("data")
             if not isinstance(data, dict) or data.get("type") != "response.completed":
                 continue
             response = data.get("response")
-            usage = response.get("usage") if isinstance(response, dict) else None
+            self._completed = response if isinstance(response, dict) else None
+            break
+        return self._completed
+
+    @property
+    def size(self) -> int:
+        """Bytes kept of the stream's tail (the completed event, mostly)."""
+        return len(self._tail)
+
+    def output(self) -> list[dict[str, Any]] | None:
+        """The completed response's output items (what the client was answered), or None."""
+        response = self._response()
+        output = response.get("output") if response is not None else None
+        if not isinstance(output, list):
+            return None
+        return [item for item in output if isinstance(item, dict)]
+
+    def usage(self) -> dict[str, int] | None:
+        """input/cached/output tokens of the completed response, or None."""
+        response = self._response()
+        if response is not None:
+            usage = response.get("usage")
             if not isinstance(usage, dict):
                 return None
             details = usage.get("input_tokens_details")

@@ -113,7 +113,7 @@ async def run_through_a_fault(
     await runtime(proxy).queue.join()
 
     episodes = await episodes_of(proxy, s.session_id)
-    completed = s.turns - 1  # the newest turn has no answer yet
+    completed = s.turns  # the newest turn too: by the answer relayed to it
     assert sorted(m.turn_index or 0 for m in episodes) == list(range(completed))
     assert len({m.key for m in episodes}) == completed
     working = await runtime(proxy).store.list(None, types=["working"], session_id=s.session_id)

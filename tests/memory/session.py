@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 
 from proxy.memory_wiring import MEMORY, Runtime
+from proxy.sse import parse_events
 from tests.fakes import codex
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream
@@ -17,11 +18,22 @@ Item = dict[str, Any]
 
 
 async def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> int:
+    return (await exchange(url, body, headers))[0]
+
+
+async def exchange(
+    url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, list[Item]]:
+    """POST a request; its status and the output items of the answer's completed event."""
     async with aiohttp.ClientSession() as s, s.post(
         url + "/v1/responses", data=json.dumps(body), headers=headers
     ) as r:
-        await r.read()
-        return r.status
+        raw = await r.read()
+    for event in parse_events(raw):
+        data = event["data"]
+        if isinstance(data, dict) and data.get("type") == "response.completed":
+            return r.status, list(data["response"]["output"])
+    return r.status, []
 
 
 def runtime(proxy: Running) -> Runtime:
@@ -45,20 +57,24 @@ class Session:
     headers: dict[str, str] = field(default_factory=dict)
     items: list[Item] = field(default_factory=codex.context_items)
     turns: int = 0
+    answer: list[Item] = field(default_factory=list)  # the last answer relayed to it
 
     async def send(self) -> dict[str, Any]:
         hdrs = codex.headers(session_id=self.session_id, turn_id=f"{self.session_id}-t{self.turns}",
                              **self.headers)
-        status = await post(self.proxy.url, codex.request(self.items, self.session_id), hdrs)
+        status, self.answer = await exchange(
+            self.proxy.url, codex.request(self.items, self.session_id), hdrs
+        )
         assert status == 200
         return dict(self.upstream.last.json)
 
     async def say(self, prompt: str) -> dict[str, Any]:
-        """A new user turn: the prompt goes out; the answer is added to the history."""
+        """A new user turn: the prompt goes out; the answer relayed is added to the history,
+        as Codex resends it (ids included)."""
         self.turns += 1
         self.items = [*self.items, codex.text("user", prompt)]
         sent = await self.send()
-        self.items = [*self.items, codex.text("assistant", f"Answer to: {prompt}")]
+        self.items = [*self.items, *self.answer]
         return sent
 
     async def say_with_tool(self, prompt: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -189,8 +189,9 @@ async def test_replays_and_retries_store_each_turn_once(
     await runtime(restarted).queue.join()
 
     episodes = await runtime(restarted).store.list(None, types=["episodic"], limit=1000)
-    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4]
-    assert len({m.key for m in episodes}) == 5
+    # The last turn too: its answer was relayed; the retries that resend it add nothing.
+    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5]
+    assert len({m.key for m in episodes}) == 6
     tool_turn = next(m for m in episodes if m.turn_index == 4)
     assert "Tool call exec_command" in tool_turn.text
     assert "Tool output exec_command" in tool_turn.text
@@ -209,8 +210,8 @@ async def test_episodes_know_whether_they_are_still_in_the_window(
 
     episodes = await runtime(proxy).store.list(None, types=["episodic"], limit=100)
     flags = {m.turn_index: m.in_window for m in episodes}
-    # Turns 1-4 are complete; the window keeps turns 4 and 5.
-    assert flags == {0: False, 1: False, 2: False, 3: True}
+    # Turns 1-4 are complete, turn 5 by its relayed answer; the window keeps turns 4 and 5.
+    assert flags == {0: False, 1: False, 2: False, 3: True, 4: True}
 
 
 def _recall_at(items: list[dict[str, object]]) -> int | None:
@@ -384,10 +385,11 @@ async def test_a_real_codex_session_is_remembered_and_recalled(
 
     sent = upstream.last.json
     episodes = await runtime(proxy).store.list(None, types=["episodic"], limit=100)
-    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5]
+    # Turn 7 from the answer the proxy relayed (the fake's, not the recorded one).
+    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5, 6]
     assert {m.session_id for m in episodes} == {"01a22974-4010-7fa0-a68c-b1ca4fc0dbf1"}
     in_window = [m.in_window for m in sorted(episodes, key=lambda m: m.turn_index or 0)]
-    assert in_window == [False] * 5 + [True]
+    assert in_window == [False] * 5 + [True, True]
     position, text = developer_memory(sent)[-1]
     newest = sent["input"][position + 1]["content"][0]["text"]
     assert newest == "turn 7: please continue (mode text)"

@@ -120,7 +120,8 @@ async def test_two_workers_answer_on_one_port_write_one_store_and_stop_on_sigter
     assert sorted(set(answered.values())) == workers
     assert [e for e in logged if e["level"] in ("warning", "error")] == []
 
-    # Both processes wrote their sessions' finished turns into the one SQLite file.
+    # Both processes wrote their sessions' finished turns into the one SQLite file (the
+    # third finished by the answer relayed).
     store = SqliteStore(tmp_path / "data" / "memory.sqlite3")
     await store.open()
     try:
@@ -128,7 +129,7 @@ async def test_two_workers_answer_on_one_port_write_one_store_and_stop_on_sigter
     finally:
         await store.close()
     stored = {(m.session_id, m.turn_index) for m in episodes}
-    assert stored == {(sid, turn) for sid in sessions for turn in (0, 1)}
+    assert stored == {(sid, turn) for sid in sessions for turn in (0, 1, 2)}
 
 
 async def test_a_worker_that_dies_later_is_replaced(start: Start) -> None:
