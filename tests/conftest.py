@@ -15,6 +15,13 @@ from tests.fakes.upstream import FakeUpstream
 SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"
 
 
+def require_shared(path: Path) -> Path:
+    """``path`` under ../shared, or skip: a user's clone has no ../shared (CI has it)."""
+    if not path.exists():
+        pytest.skip(f"{path} is absent: ../shared is not next to this clone (CI has it)")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never read the developer's CTXPROXY_* settings."""

@@ -11,12 +11,21 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.economics import STRATEGIES, Strategy, build_session, load_shapes, run_one
+from bench.economics import (
+    FIXTURES,
+    SHAPE,
+    STRATEGIES,
+    Shapes,
+    Strategy,
+    build_session,
+    load_shapes,
+    run_one,
+)
 from bench.pricing import BLOCK_TOKENS, MIN_CACHED_TOKENS, PricingUpstream, PromptCache
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
 from request import is_turn_start, message_text
-from tests.conftest import ProxyFactory
+from tests.conftest import ProxyFactory, require_shared
 from tests.fakes import codex
 from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
@@ -25,6 +34,11 @@ from window.policy import turns_to_drop
 
 Item = dict[str, Any]
 BIG_OUTPUT = "".join(f"line {i}: some tool output that goes on\n" for i in range(200))
+
+
+def shapes_or_skip() -> Shapes:
+    """The Codex shapes the replay is built from (../shared), or skip."""
+    return load_shapes(require_shared(FIXTURES / SHAPE))
 
 
 def codex_requests(turns: int) -> list[list[Item]]:
@@ -246,7 +260,7 @@ def test_sessions_are_reproducible_and_plant_facts_before_asking() -> None:
 
 
 async def test_replay_bills_every_request_and_direct_recalls_every_fact(tmp_path: Path) -> None:
-    session, shapes = build_session(10), load_shapes()
+    session, shapes = build_session(10), shapes_or_skip()
     direct = await run_one(STRATEGIES["direct"], session, shapes, 600, tmp_path / "d")
     cut = await run_one(Strategy("cut", {"memory_enabled": False, "keep_turns": 2}, ""),
                         session, shapes, 600, tmp_path / "w")
@@ -263,7 +277,7 @@ async def test_replay_bills_every_request_and_direct_recalls_every_fact(tmp_path
 async def test_the_defaults_cost_no_more_than_direct_on_a_ten_turn_session(
     tmp_path: Path,
 ) -> None:
-    session, shapes = build_session(10), load_shapes()
+    session, shapes = build_session(10), shapes_or_skip()
     direct = await run_one(STRATEGIES["direct"], session, shapes, 600, tmp_path / "d")
     defaults = await run_one(STRATEGIES["defaults"], session, shapes, 600, tmp_path / "p")
     assert defaults.strategy.settings == {"distill_interval_s": 0.05}  # nothing else changed
@@ -275,7 +289,7 @@ async def test_with_the_defaults_and_memory_each_request_between_cuts_extends_th
     tmp_path: Path,
 ) -> None:
     session = build_session(24, seed=3)
-    run = await run_one(STRATEGIES["defaults"], session, load_shapes(), 600, tmp_path)
+    run = await run_one(STRATEGIES["defaults"], session, shapes_or_skip(), 600, tmp_path)
     assert run.blocks and run.recall == 1.0  # recall messages were there, and found the facts
     cold = []
     for n in range(1, len(run.bills)):

@@ -18,7 +18,7 @@ from injectors import tokens
 from memory.model import Scope, StoreError, user_ref
 from proxy import memory_wiring as wiring
 from proxy.app import METRICS
-from tests.conftest import SHARED_FIXTURES, ProxyFactory
+from tests.conftest import SHARED_FIXTURES, ProxyFactory, require_shared
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend
 from tests.memory.session import (
@@ -375,7 +375,7 @@ async def test_a_real_codex_session_is_remembered_and_recalled(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
     proxy = await start_proxy(keep_turns=2, trim_slack=0)
-    folder = Path(SHARED_FIXTURES) / "03_resume_7turns"
+    folder = require_shared(Path(SHARED_FIXTURES) / "03_resume_7turns")
     for path in sorted(folder.glob("*_POST_v1_responses.json")):
         recorded = json.loads(path.read_text())
         headers = {k: v for k, v in recorded["headers"].items()

@@ -11,7 +11,7 @@ from memory.model import Scope
 from memory.turns import ARGS_CHARS, OUTPUT_CHARS, render, session_key, split
 from memory.working import derive
 from request import History
-from tests.conftest import SHARED_FIXTURES
+from tests.conftest import SHARED_FIXTURES, require_shared
 from tests.fakes import codex
 from window.policy import window
 
@@ -19,7 +19,7 @@ SCOPE = Scope("svc")
 
 
 def fixture_input(name: str, number: str) -> list[dict[str, Any]]:
-    path = Path(SHARED_FIXTURES) / name / f"{number}_POST_v1_responses.json"
+    path = require_shared(Path(SHARED_FIXTURES) / name / f"{number}_POST_v1_responses.json")
     return list(json.loads(path.read_text())["body"]["input"])
 
 

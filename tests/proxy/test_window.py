@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from request import is_turn_start, message_text
-from tests.conftest import SHARED_FIXTURES
+from tests.conftest import SHARED_FIXTURES, require_shared
 from tests.fakes import codex
 from window.policy import turns_to_drop, window
 
@@ -18,7 +18,7 @@ def prompts(items: list[dict[str, Any]]) -> list[str]:
 
 
 def load(name: str) -> dict[str, Any]:
-    return json.loads((SHARED_FIXTURES / name).read_text())["body"]
+    return json.loads(require_shared(SHARED_FIXTURES / name).read_text())["body"]
 
 
 def test_window_keeps_context_and_last_turns() -> None:
