@@ -75,25 +75,19 @@ class History:
             if kind != "message" or "role" not in item:
                 context.append(kind == "additional_tools")
                 model = type(kind) is str and kind in MODEL_ITEMS
-                if model and not inside and model_calls:
-                    model_calls[-1] += 1
-                inside = model
-                call_id = item.get("call_id")
-                if type(call_id) is str:
-                    calls.setdefault(call_id, []).append(i)
-                continue
-            role = item.get("role")
-            is_ctx = is_context(item) if role == "user" else (
-                type(role) is str and role in SYSTEM_ROLES
-            )
-            context.append(is_ctx)
-            if role == "user":
-                if not is_ctx:
-                    starts.append(i)
-                    model_calls.append(0)
-                elif not self.compacted and is_compaction_message(item):
-                    self.compacted = True
-            model = role == "assistant"
+            else:
+                role = item.get("role")
+                is_ctx = is_context(item) if role == "user" else (
+                    type(role) is str and role in SYSTEM_ROLES
+                )
+                context.append(is_ctx)
+                if role == "user":
+                    if not is_ctx:
+                        starts.append(i)
+                        model_calls.append(0)
+                    elif not self.compacted and is_compaction_message(item):
+                        self.compacted = True
+                model = role == "assistant"
             if model and not inside and model_calls:
                 model_calls[-1] += 1
             inside = model
