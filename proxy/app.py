@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -275,13 +275,13 @@ async def responses(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     body = raw
     try:
-        ex = Exchange.parse(raw, request.headers, app[SETTINGS])
+        ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS])
     except NotAResponsesRequest as exc:
         _forward_as_sent(app, info, exc)
     else:
         failed = await app[PIPELINE].run(ex)
         try:
-            body = ex.serialise()
+            body = await _off_loop_if_large(raw, ex.serialise)
         except NotAResponsesRequest as exc:
             _forward_as_sent(app, info, exc)
         info.session_id = ex.identity.session_id
@@ -297,6 +297,20 @@ async def responses(request: web.Request) -> web.StreamResponse:
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
     return await relay(request, "responses", body, tap_usage=True)
+
+
+T = TypeVar("T")
+# Parsing and writing back a body costs about a millisecond per 100 KB: past this size it
+# runs in a thread, so that other sessions' requests are served meanwhile.
+LARGE_BODY = 1024 * 1024
+
+
+async def _off_loop_if_large(
+    raw: bytes, fn: Callable[..., T], *args: Any
+) -> T:
+    if len(raw) > LARGE_BODY:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesRequest) -> None:
