@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from request import History, Item, digest, is_message, message_text
+from request import History, Item, digest, is_message, message_text, output_text
 
 __all__ = ["INDENT", "Turn", "answered", "is_final", "last", "render", "session_key", "split"]
 
@@ -137,17 +137,6 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _output_text(item: Item) -> str:
-    output = item.get("output")
-    if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "\n".join(
-            str(part.get("text")) for part in output if isinstance(part, dict) and part.get("text")
-        )
-    return ""
-
-
 def _entry(head: str, text: str) -> str:
     """``head: text`` with the text's further lines indented (see INDENT)."""
     return f"{head}: " + text.replace("\n", "\n" + INDENT)
@@ -159,7 +148,7 @@ def render(turn: Turn) -> tuple[str, list[str]]:
     entries = [_entry("User", _clip(turn.user.strip(), USER_CHARS))]
     tools: list[str] = []
     outputs = {
-        str(item["call_id"]): _output_text(item).strip()
+        str(item["call_id"]): output_text(item).strip()
         for item in turn.items[1:]
         if str(item.get("type", "")).endswith("_call_output") and "call_id" in item
     }

@@ -18,10 +18,11 @@ from request.items import (
     is_message,
     is_turn_start,
     message_text,
+    output_text,
 )
 
 __all__ = [
     "Cut", "Exchange", "History", "Identity", "Item", "NotAResponsesRequest", "Notes", "Step",
     "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
-    "is_turn_start", "message_text", "user_digest",
+    "is_turn_start", "message_text", "output_text", "user_digest",
 ]

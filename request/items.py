@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = [
     "COMPACTION_MARKERS", "CONTEXT_MARKERS", "Item", "is_compaction_message", "is_context",
-    "is_message", "is_turn_start", "message_text",
+    "is_message", "is_turn_start", "message_text", "output_text",
 ]
 
 Item = dict[str, Any]
@@ -40,6 +40,19 @@ def message_text(item: Item) -> str:
     return "\n".join(
         part["text"] for part in content
         if isinstance(part, dict) and isinstance(part.get("text"), str)
+    )
+
+
+def output_text(item: Item) -> str:
+    """A tool output's whole text: the string, or its non-empty text parts, one a line."""
+    output = item.get("output")
+    if isinstance(output, str):
+        return output
+    if not isinstance(output, list):
+        return ""
+    return "\n".join(
+        part["text"] for part in output
+        if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"]
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from request import Identity, Item
+from request import Identity, Item, output_text
 
 __all__ = [
     "OUTPUT_TYPES", "Archive", "Pointer", "mask_output", "mask_range", "mask_text",
@@ -70,16 +70,6 @@ def _shortens(text: str, keep_chars: int) -> bool:
 
 def _is_text_part(part: object) -> bool:
     return isinstance(part, dict) and isinstance(part.get("text"), str)
-
-
-def output_text(item: Item) -> str:
-    """A tool output's whole text: the string, or its text parts one after another."""
-    output = item.get("output")
-    if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "\n".join(part["text"] for part in output if _is_text_part(part))
-    return ""
 
 
 def mask_output(item: Item, keep_chars: int, pointer: Pointer | None = None) -> Item:
