@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +11,7 @@ from cachetools import LRUCache
 
 from injectors import cut_digest
 from injectors.redact import redact
-from request import History, Item, message_text
+from request import History, Identity, Item, message_text, output_text
 
 __all__ = ["Digests", "digest_message"]
 
@@ -55,16 +54,6 @@ def _what(item: Item) -> str:
     return args if isinstance(args, str) else orjson.dumps(args).decode()
 
 
-def _output_text(item: Item) -> str:
-    output = item.get("output")
-    if isinstance(output, str):
-        return output[:OUTPUT_SCAN_CHARS]
-    if isinstance(output, list):
-        return " ".join(str(p.get("text", ""))[:OUTPUT_SCAN_CHARS]
-                        for p in output[:8] if isinstance(p, dict))
-    return ""
-
-
 def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_digest.CutTurn:
     calls: list[tuple[str, str]] = []
     answer = ""
@@ -77,7 +66,7 @@ def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_dige
             name = item.get("name")
             calls.append((name if isinstance(name, str) else kind, _what(item)))
         elif isinstance(kind, str) and kind.endswith("_call_output"):
-            for found in _NAME.findall(_output_text(item)):
+            for found in _NAME.findall(output_text(item)[:OUTPUT_SCAN_CHARS]):
                 name = found.strip("./-")
                 if len(name) >= 4:
                     seen.pop(name, None)
@@ -110,25 +99,28 @@ def digest_message(
 class Digests:
     """Digest messages, made once per cut: every request until the next cut reuses the bytes.
 
-    Keyed by the content of the turns a digest may show (a digest of their items), so that a
-    digest is only ever reused for the same turns.
+    Keyed by whose session it is and by what identifies the turns a digest may show (their
+    prompts' keys and where they start), never shared across sessions: within one, turns
+    before the cut only grow by appends after it, so the key reads no more than the prompts.
     """
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
-        self._made: LRUCache[tuple[int, bytes], Item | None] = LRUCache(CACHED)
+        self._made: LRUCache[tuple[object, ...], Item | None] = LRUCache(CACHED)
 
-    def message(self, history: History, first: int) -> Item | None:
+    def message(self, history: History, first: int, who: Identity) -> Item | None:
         lo = max(first - MAX_TURNS, 0)
-        cut = history.items[history.starts[lo] : history.starts[first]]
-        cut_bytes = orjson.dumps(cut)
-        key = (first, hashlib.blake2b(cut_bytes, digest_size=16).digest())
+        session = who.session_id or ""
+        key = (who.team_id, who.agent_id, who.user, session, first,
+               tuple(history.prompt_keys(session)[lo:first]), tuple(history.starts[lo:first + 1]))
         try:
             return self._made[key]
         except KeyError:
             pass
         made = digest_message(history, first, self.max_chars)
-        if made is not None and len(made["content"][0]["text"]) * 2 > len(cut_bytes):
-            made = None  # turns this short are cheaper to lose than to describe
+        if made is not None:
+            cut = history.items[history.starts[lo] : history.starts[first]]
+            if len(made["content"][0]["text"]) * 2 > len(orjson.dumps(cut)):
+                made = None  # turns this short are cheaper to lose than to describe
         self._made[key] = made
         return made

@@ -7,9 +7,9 @@ from functools import partial
 import orjson
 
 from config import Settings
-from request import Exchange
+from request import Exchange, output_text
 from window.digest import Digests
-from window.masking import Archive, Pointer, mask_range, output_text
+from window.masking import Archive, Pointer, mask_range
 from window.policy import CostPolicy, budget_drop, turns_to_drop
 
 __all__ = ["WindowStep"]
@@ -112,7 +112,7 @@ class WindowStep:
         if self.digests is not None:
             # What was cut, in brief, right before the first kept turn: the same bytes until
             # the next cut.
-            digest = self.digests.message(ex.history, drop)
+            digest = self.digests.message(ex.history, drop, ex.identity)
             if digest is not None:
                 at = starts[0]
                 kept.insert(at, digest)
