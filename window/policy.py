@@ -75,9 +75,8 @@ class WindowResult:
 
 
 def window(items: Sequence[Item], keep: int, slack: int = 0) -> WindowResult:
-    """Cut ``items`` down to the context plus the last turns (the step's cut, as a function)."""
-    if not all(isinstance(item, dict) for item in items):
-        raise TypeError("input items must be objects")
+    """Cut ``items`` down to the context plus the last turns (the step's cut, as a function).
+    Raises TypeError for items that are not objects."""
     history = History(items)
     drop = turns_to_drop(history.turns, keep, slack)
     cut = history.keep_from(drop)
@@ -143,7 +142,7 @@ class CostPolicy:
         prefix = outside_tokens + len(orjson.dumps(head)) // 4
         cut = at = calls = 0
         for b in range(1, n):
-            moved = self._ceiling(cut, b - 1, ends, prefix)  # while turn b-1 was the newest
+            moved = self._fit(cut, b - 1, ends[b], ends, prefix)  # while b-1 was the newest
             if moved != cut:
                 cut, at = moved, b - 1
             calls += shape.calls[b - 1]
@@ -151,14 +150,15 @@ class CostPolicy:
             moved = self._decide(cut, b, ends, prefix, per_turn)
             if moved != cut:
                 cut, at = moved, b
-        moved = self._ceiling(cut, n - 1, ends, prefix)
+        moved = self._fit(cut, n - 1, ends[n], ends, prefix)
         return (moved, n - 1) if moved != cut else (cut, at)
 
-    def _ceiling(self, cut: int, last: int, ends: list[int], prefix: int) -> int:
-        """The fewest turns to cut so that turns cut..last fit under max_tokens."""
+    def _fit(self, cut: int, newest: int, end: int, ends: list[int], prefix: int) -> int:
+        """The fewest more turns to cut, never ``newest``, so that the turns from ``cut`` on,
+        ``end`` tokens into the history, fit under max_tokens."""
         if not self.max_tokens:
             return cut
-        while cut < last and prefix + ends[last + 1] - ends[cut] > self.max_tokens:
+        while cut < newest and prefix + end - ends[cut] > self.max_tokens:
             cut += 1
         return cut
 
@@ -166,8 +166,7 @@ class CostPolicy:
         """The cut at the boundary where turn ``b`` starts (turns before it complete)."""
         forced = max(cut, b + 1 - self.max_turns)  # keep at most max_turns, the newest in
         # Only what the history held at this boundary: the turns before b (b's prompt aside).
-        while self.max_tokens and forced < b and prefix + ends[b] - ends[forced] > self.max_tokens:
-            forced += 1
+        forced = self._fit(forced, b, ends[b], ends, prefix)
         floor_ = max(b + 1 - self.min_turns, forced)  # cut no deeper than min_turns leaves
         best, best_gain = forced, -float("inf") if forced > cut else 0.0
         for new in range(max(forced, cut + 1), floor_ + 1):
