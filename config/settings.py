@@ -87,7 +87,7 @@ class Settings(BaseSettings):
         description="The fewest user turns a cut leaves (the newest included; cost policy).",
     )
     cut_digest_chars: int = Field(
-        8000, ge=0,
+        16000, ge=0,
         description="After a cut, tell the model what was cut: the newest cut turns' prompts, "
         "commands and answers, shortened, in one <earlier_turns> message of at most this many "
         "characters; 0: off.",
