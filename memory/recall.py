@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from config import Settings
 from memory.cpu import Offload
 from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
-from memory.snippets import SNIPPET_TOKENS, lines_of, snippet
+from memory.snippets import SNIPPET_TOKENS, lines_of, questions, snippet
 
 __all__ = [
     "Candidate", "Recaller", "Weights", "decay", "mentioned_ids", "score", "select",
@@ -224,12 +224,19 @@ class Recaller:
         more of its memory is left out."""
         if self.k <= 0 or budget <= 0:
             return []
-        hits, recent = await asyncio.gather(
-            self._store.search(scope, query, types=["episodic", "semantic"],
-                               limit=SEARCH_LIMIT, now=now),
+        # A long prompt is searched as a whole and by each of its questions: the words of
+        # the question are what the memory shares, the rest says what the task is about.
+        asked = await self._offload(questions, query)
+        found, recent = await asyncio.gather(
+            asyncio.gather(*(
+                self._store.search(scope, q, types=["episodic", "semantic"],
+                                   limit=SEARCH_LIMIT, now=now)
+                for q in [query, *asked]
+            )),
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT, now=now),
         )
+        hits = [h for part in found for h in part]
         ids = await self._offload(mentioned_ids, query)
         named = await asyncio.gather(*(self._store.get(i) for i in ids))
         candidates: list[Candidate] = []
