@@ -113,8 +113,11 @@ WHERE c.oid = 'memories'::regclass
 # lexemes (found through the GIN index alone: the scope index would add a bitmap of the
 # whole scope), the newest matches of the commoner ones (a walk down the scope index), then
 # ranked exactly: first how many of the question's lexemes a record holds, then ts_rank.
-_RARE = """rare AS MATERIALIZED (
-    SELECT memory_id FROM memories WHERE tsv @@ %(rare)s::tsquery LIMIT %(cap)s
+# The scope is part of each candidate query, before its cap: another scope's volume never
+# fills the cap (one tenant hiding another's memories).
+_RARE = f"""rare AS MATERIALIZED (
+    SELECT m.memory_id FROM memories m WHERE m.tsv @@ %(rare)s::tsquery AND {_FILTERS}
+    LIMIT %(cap)s
 )"""
 _RECENT = f"""recent AS MATERIALIZED (
     SELECT m.memory_id FROM memories m WHERE {_FILTERS} AND m.tsv @@ %(common)s::tsquery
