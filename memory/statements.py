@@ -77,7 +77,7 @@ _RULE = re.compile(
 _UNSAFE = re.compile(
     r"\|[ \t]*+(?:sudo[ \t]++)?(?:ba|z|k|da|fi|c|tc)?sh\b"
     r"|\|[ \t]*+(?:sudo[ \t]++)?(?:python3?|perl|ruby|node|pwsh|powershell|iex|source)\b"
-    r"|\brm[ \t]++-[a-z]*(?:r[a-z]*f|f[a-z]*r)"
+    r"|\brm[ \t]++-[a-z]{0,6}(?:r[a-z]{0,6}f|f[a-z]{0,6}r)"
     r"|\brm[ \t]++--(?:recursive|force)\b"
     r"|\$\([ \t]*+(?:curl|wget)\b|\beval\b[^\n]{0,40}(?:curl|wget|base64)"
     r"|\bbase64[ \t]++(?:-d|--decode)\b|\bchmod[ \t]++(?:-R[ \t]++)?0?777\b"
