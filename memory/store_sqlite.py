@@ -129,6 +129,31 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         END;
         """,
     ),
+    (
+        4,
+        # Forget sticks: a forgotten record leaves a tombstone (its scope, type and key, no
+        # text), and a row with that key is never inserted again, whoever writes it (ingest
+        # of a resent turn, distillation, a restart, another process).
+        """
+        CREATE TABLE forgotten (
+            service_id   TEXT NOT NULL,
+            team_id      TEXT NOT NULL,
+            agent_id     TEXT NOT NULL,
+            user_ref     TEXT NOT NULL,
+            type         TEXT NOT NULL,
+            key          TEXT NOT NULL,
+            forgotten_at REAL NOT NULL,
+            PRIMARY KEY (service_id, team_id, agent_id, user_ref, type, key)
+        ) WITHOUT ROWID;
+        CREATE TRIGGER memories_forgotten BEFORE INSERT ON memories
+        WHEN EXISTS (SELECT 1 FROM forgotten f WHERE f.service_id = new.service_id
+            AND f.team_id = new.team_id AND f.agent_id = new.agent_id
+            AND f.user_ref = new.user_ref AND f.type = new.type AND f.key = new.key)
+        BEGIN
+            SELECT RAISE(IGNORE);
+        END;
+        """,
+    ),
 )
 
 
@@ -148,12 +173,14 @@ _UPSERT = f"""
 INSERT INTO memories ({_COLUMNS}, scope)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (service_id, team_id, agent_id, user_ref, type, key) DO UPDATE SET
-    text = excluded.text,
+    -- A purged record (memory/forget.py) keeps its text: a resent turn must not write the
+    -- forgotten lines back.
+    text = iif(json_extract(memories.attrs, '$.purged'), memories.text, excluded.text),
     session_id = excluded.session_id,
     turn_index = excluded.turn_index,
     in_window = excluded.in_window,
     sources = excluded.sources,
-    attrs = excluded.attrs,
+    attrs = iif(json_extract(memories.attrs, '$.purged'), memories.attrs, excluded.attrs),
     updated_at = excluded.updated_at,
     expires_at = excluded.expires_at
 RETURNING {_COLUMNS}
@@ -260,7 +287,9 @@ class SqliteStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             for row in rows:
-                stored.append(_memory(db.execute(_UPSERT, row).fetchone()))
+                found = db.execute(_UPSERT, row).fetchone()
+                if found is not None:  # None: the key was forgotten (a tombstone)
+                    stored.append(_memory(found))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:  # a failed COMMIT may have rolled back already
@@ -288,6 +317,32 @@ class SqliteStore:
             return cur.rowcount
 
         return await self._run(delete)
+
+    async def forget(self, memory_ids: Sequence[str], *, now: float | None = None) -> int:
+        if not memory_ids:
+            return 0
+        ids = list(memory_ids)
+        at = time.time() if now is None else now
+
+        def forget() -> int:
+            db = self._db()
+            marks = ", ".join("?" * len(ids))
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "INSERT OR IGNORE INTO forgotten SELECT service_id, team_id, agent_id,"
+                    f" user_ref, type, key, ? FROM memories WHERE memory_id IN ({marks})",
+                    [at, *ids],
+                )
+                gone = db.execute(f"DELETE FROM memories WHERE memory_id IN ({marks})", ids)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return gone.rowcount
+
+        return await self._run(forget)
 
     async def search(
         self,
