@@ -635,9 +635,9 @@ def _fold(token: str) -> str:
 
 
 def _within(scope: Scope) -> Callable[[str], str]:
-    """A full-text query confined to ``scope``'s records (and its words to their text)."""
+    """A full-text query confined to ``scope``'s records."""
     token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
-    return lambda query: f'scope : "{token}" AND text : ({query})'
+    return lambda query: f'scope : "{token}" AND ({query})'
 
 
 def _phrase(word: str) -> str:
