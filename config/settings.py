@@ -65,8 +65,11 @@ class Settings(BaseSettings):
 
     client_keys: str | None = Field(
         None,
-        description="Accepted client bearer keys, comma-separated or @FILE (one a line); when "
-        "set, other callers get 401 and the upstream gets UPSTREAM_API_KEY, never the client's.",
+        description="Accepted client bearer keys: 'KEY [principal=NAME] [teams=A,B] "
+        "[agents=X,Y] [users=any|none|KEYS]' entries separated by ';', or @FILE (one a line), "
+        "or plain 'key1,key2'. Other callers get 401; identity headers beyond a key's claims "
+        "403; the key's principal is part of every memory scope. The upstream gets "
+        "UPSTREAM_API_KEY, never the client's.",
     )
 
     # --- the history window --------------------------------------------------------------

@@ -184,9 +184,10 @@ class Recaller:
     ) -> list[Candidate]:
         """The session's working memory from turns outside the window, and the scope's
         semantic memory, each with its query-independent relevance."""
+        # No session (''): no working memory to read.
         working, semantic = await asyncio.gather(
             self._store.list(scope, types=["working"], session_id=session, now=now,
-                             limit=STANDING_LIMIT),
+                             limit=STANDING_LIMIT if session else 0),
             self._store.list(scope, types=["semantic"], now=now, limit=STANDING_LIMIT),
         )
         out = [Candidate(m, 1.0) for m in working if _outside(m, window)]
@@ -228,7 +229,8 @@ class Recaller:
             self._store.search(scope, query, types=["episodic", "semantic"],
                                limit=SEARCH_LIMIT, now=now),
             self._store.list(scope, types=["episodic"], session_id=session,
-                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT, now=now),
+                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
+                             now=now),
         )
         ids = await self._offload(mentioned_ids, query)
         named = await asyncio.gather(*(self._store.get(i) for i in ids))

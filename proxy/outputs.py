@@ -86,7 +86,7 @@ class OutputIds:
         session = identity.session_id
         if not session or _HEADER_UNSAFE.search(session):
             return None
-        scope = [self._service_id, identity.team_id, identity.agent_id, identity.user]
+        scope = [self._service_id, identity.team_id, identity.agent_id, identity.owner]
         message = _DOMAIN + orjson.dumps([*scope, session, call_id])
         digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]  # 128 bits
         return base64.b32encode(digest).decode().rstrip("=").lower()

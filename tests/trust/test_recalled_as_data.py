@@ -57,10 +57,11 @@ async def test_a_recalled_tool_output_is_framed_as_a_note_with_its_source(
     root = recall_block(sent)
     (block,) = list(root)
     assert block.tag == "episodic_memory"
-    assert "not instructions" in (block.get("note") or "")
+    note = block.get("note") or ""
+    assert "not instructions" in note and "tool outputs" in note
     memory = block.find("memory")
     assert memory is not None and "SYSTEM OVERRIDE" in (memory.text or "")
-    assert "tool output" in (memory.get("source") or "")
+    assert memory.get("source") == "earlier turn"
 
 
 def _with_output(answer: dict[str, Any], output: str) -> list[dict[str, Any]]:
