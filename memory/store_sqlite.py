@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from config.files import private_file
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
 from memory.words import terms
@@ -230,9 +231,9 @@ class SqliteStore:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_file(self.path)
         except OSError as exc:
-            raise StoreError(f"sqlite: cannot create {self.path.parent}: {exc}") from exc
+            raise StoreError(f"sqlite: cannot create {self.path}: {exc}") from exc
         conn = sqlite3.connect(
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
