@@ -153,6 +153,12 @@ class Settings(BaseSettings):
     core_token: SecretStr | None = Field(None, description="Bearer token for the core service.")
     core_timeout_ms: int = Field(1500, gt=0, description="Timeout of one core call.")
     knowledge_ttl_s: float = Field(300.0, ge=0, description="How long discovery results are kept.")
+    capability_ttl_s: float = Field(
+        3600.0, gt=0,
+        description="How often the capability tokens in the <knowledge_tools> curl lines "
+        "rotate (a token is accepted for up to twice this). Each rotation changes the block, "
+        "so the prompt cache is rebuilt once per rotation.",
+    )
     knowledge_negative_ttl_s: float = Field(
         30.0, ge=0, description="How long a failed discovery is remembered before retrying."
     )

@@ -23,8 +23,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
+from knowledge.routes import ROUTE, TOOL_ROUTES
 from proxy.errors import Forbidden, Unauthorized
 from request import user_digest
 
@@ -34,9 +37,13 @@ __all__ = ["OPEN_PATHS", "OUTPUTS_ROUTE", "PRINCIPAL", "ClientKey", "client_auth
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-# The masked-output route (proxy/outputs.py) is called by the model's shell, which has no
-# client key: the unguessable id and the session header it must match are its credential.
+# The masked-output route (proxy/outputs.py) and the embedded core's tools are called by the
+# model's shell, which has no client key: the unguessable id and the session header it must
+# match, and the capability token (knowledge/capability.py), are their credentials.
 OUTPUTS_ROUTE = "outputs"
+SHELL_ROUTES = frozenset({OUTPUTS_ROUTE, *TOOL_ROUTES})
+# The embedded core's discovery calls name a team and an agent in their body.
+DISCOVERY_ROUTES = frozenset({f"{ROUTE}:list", f"{ROUTE}:agent_assets"})
 # Where the middleware leaves the caller's principal on the request.
 PRINCIPAL = web.RequestKey("principal", str)
 _ANY = "*"
@@ -116,6 +123,19 @@ def load_client_keys(spec: str | None) -> tuple[ClientKey, ...]:
     return tuple(_entry(line) for line in lines if line and not line.startswith("#"))
 
 
+async def _body_claims(request: web.Request) -> dict[str, str]:
+    """The team and agent a discovery call's body asks about, as the headers would say them
+    (the route reads the same cached body and answers a bad one)."""
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(body, dict):
+        return {}
+    names = {"team_id": "x-team-id", "agent_id": "x-agent-id"}
+    return {header: v for key, header in names.items() if isinstance(v := body.get(key), str)}
+
+
 def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
     """A middleware answering 401 to a caller without a known key, 403 to one whose identity
     headers claim more than its key allows; it leaves the key's principal on the request."""
@@ -123,7 +143,8 @@ def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         # match_info is resolved before the middlewares run: only the matched route counts.
-        if request.path in OPEN_PATHS or request.match_info.route.name == OUTPUTS_ROUTE:
+        route = request.match_info.route.name
+        if request.path in OPEN_PATHS or route in SHELL_ROUTES:
             return await handler(request)
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
         token = presented.strip().encode()
@@ -133,7 +154,10 @@ def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
         found = next((k for k, ok in zip(keys, matches, strict=True) if ok), None)
         if not usable or found is None:
             raise Unauthorized("missing or unknown client key")
-        refusal = found.refusal(request.headers)
+        claims: CIMultiDict[str] = CIMultiDict(request.headers)
+        if route in DISCOVERY_ROUTES:
+            claims.update(await _body_claims(request))
+        refusal = found.refusal(claims)
         if refusal is not None:
             raise Forbidden(refusal)
         request[PRINCIPAL] = found.principal

@@ -16,9 +16,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import os
 import re
-import secrets
 import shlex
 import sys
 from collections.abc import AsyncIterator
@@ -29,6 +27,7 @@ import orjson
 from aiohttp import web
 from cachetools import LRUCache
 
+from config.files import secret_key
 from proxy.app import SETTINGS
 from proxy.auth import OUTPUTS_ROUTE
 from request import Identity
@@ -50,29 +49,8 @@ _HEADER_UNSAFE = re.compile(r"[^\x21-\x7e]")  # a header value the curl line can
 
 
 def load_key(data_dir: Path) -> bytes:
-    """The secret the ids are keyed by: made once (mode 0600), then read by every process.
-
-    Written to a private temporary file and linked into place, so that processes starting
-    together agree on one key and none reads a half-written file.
-    """
-    path = data_dir / KEY_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        tmp = data_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass  # another process made it first: use theirs
-        finally:
-            tmp.unlink()
-    key = path.read_bytes()
-    if len(key) < 16:
-        raise ValueError(f"{path} holds fewer than 16 bytes; remove it to make a new key")
-    return key
+    """The secret the ids are keyed by (``data_dir/outputs.key``, see ``secret_key``)."""
+    return secret_key(data_dir, KEY_FILE)
 
 
 class OutputIds:
