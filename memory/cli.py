@@ -57,6 +57,9 @@ def register(commands: Any) -> None:
     p.add_argument("text")
     _scope_options(p, "scope of the new memory (default: CTXPROXY_SERVICE_ID/TEAM_ID/...)")
     p.add_argument("--key", help="idempotency key (default: derived from the text)")
+    p.add_argument("--shared", action="store_true",
+                   help="for every user of the team and agent (the scope's user is left "
+                        "empty; recall shows it to each of them as added by an operator)")
     p.set_defaults(func=_runner(_add))
 
     p = sub.add_parser("edit", help="change a memory's text")
@@ -248,8 +251,12 @@ async def _add(store: Store, args: argparse.Namespace, settings: Settings) -> in
         print("ctxproxy memory add: the text is empty", file=sys.stderr)
         return 2
     scope = _scope_of(args, settings)
+    attrs: dict[str, object] = {"origin": "cli"}
+    if args.shared:
+        scope = replace(scope, user="")
+        attrs["shared"] = True
     key = args.key or "cli:" + hashlib.sha256(text.encode()).hexdigest()[:24]
-    memory = Memory(type="semantic", scope=scope, key=key, text=text, attrs={"origin": "cli"})
+    memory = Memory(type="semantic", scope=scope, key=key, text=text, attrs=attrs)
     stored = await store.upsert([memory])
     if not stored:
         print("ctxproxy memory add: this memory was forgotten (a tombstone keeps it out)",
