@@ -80,8 +80,9 @@ def _size(kept: _Kept) -> int:
     return sys.getsizeof(kept.text) + sys.getsizeof(kept.session)
 
 
-# (team, agent, user key, session, call id): what an id is made of, besides the service.
-_PointerKey = tuple[str | None, str | None, str | None, str | None, str]
+# (team, agent, user key, principal, session, call id): what an id is made of, besides the
+# service.
+_PointerKey = tuple[str | None, str | None, str | None, str | None, str | None, str]
 POINTERS_MEMO = 8192
 
 
@@ -100,7 +101,7 @@ class MaskedOutputs:
     def _pointer(self, identity: Identity, call_id: str) -> tuple[str, str] | None:
         """The output's id and its fetch line."""
         i = identity
-        key = (i.team_id, i.agent_id, i.user_key, i.session_id, call_id)
+        key = (i.team_id, i.agent_id, i.user_key, i.principal, i.session_id, call_id)
         found = self._pointers.get(key)
         if found is None:
             output_id = self._ids.id(identity, call_id)
