@@ -122,3 +122,28 @@ async def test_forget_by_session_forgets_each_of_its_records(
     # Only the turn after the forgetting is remembered.
     assert [m.turn_index for m in await store.list(None, types=["episodic"],
                                                     session_id="gone-session", now=0)] == [3]
+
+
+async def test_a_forgotten_distilled_memory_is_not_distilled_again(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    proxy = await start_proxy(**backend.settings, keep_turns=1, trim_slack=0,
+                              semantic_threshold=0.0)
+    for n in (1, 2):
+        s = Session(proxy, upstream, session_id=f"pref-{n}", headers=WHO)
+        await s.say("Always use pnpm, not npm, for the frontend.")
+        await s.say("turn 2: please do step 2")
+    await settle(proxy)
+    store = runtime(proxy).store
+    (fact,) = [m for m in await store.list(None, types=["semantic"], now=0) if "pnpm" in m.text]
+
+    code, out, err = await cli(capsys, backend, "forget", fact.memory_id)
+    assert code == 0 and f"forgot {fact.memory_id}" in out, err
+    # The same preference, said again in a new session: distillation runs over it all.
+    s = Session(proxy, upstream, session_id="pref-3", headers=WHO)
+    await s.say("Always use pnpm, not npm, for the frontend.")
+    await s.say("turn 2: please do step 2")
+    await settle(proxy)
+    await runtime(proxy).distiller.run_once()
+    assert [m for m in await store.list(None, types=["semantic"], now=0) if "pnpm" in m.text] == []
