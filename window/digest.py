@@ -126,7 +126,7 @@ class Digests:
     def message(self, history: History, first: int, who: Identity) -> Item | None:
         lo = max(first - MAX_TURNS, 0)
         session = who.session_id or ""
-        key = (who.team_id, who.agent_id, who.user, session, first,
+        key = (who.team_id, who.agent_id, who.owner, session, first,
                tuple(history.prompt_keys(session)[lo:first]), tuple(history.starts[lo:first + 1]))
         try:
             return self._made[key]

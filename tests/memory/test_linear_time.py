@@ -16,9 +16,10 @@ from collections.abc import Callable
 import pytest
 
 from injectors import redact as redact_module
+from injectors import secret_rules
 from injectors.bounds import RECORD_CHARS, clip
 from injectors.redact import MARK, redact
-from memory.statements import _CONSTRAINT, _FACT, _RULE, claims, constraints, sentences
+from memory.statements import _CONSTRAINT, _FACT, _RULE, _UNSAFE, claims, constraints, sentences
 from memory.words import terms
 
 SMALL, BIG = 100_000, 1_000_000
@@ -84,7 +85,13 @@ def test_redaction_patterns_are_linear(shape: Callable[[int], str]) -> None:
     assert_linear(run, shape)
 
 
-@pytest.mark.parametrize("pattern", [_CONSTRAINT, _FACT, _RULE], ids=["constraint", "fact", "rule"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_the_maintained_rules_are_linear(shape: Callable[[int], str]) -> None:
+    assert_linear(secret_rules.spans, shape)
+
+
+@pytest.mark.parametrize("pattern", [_CONSTRAINT, _FACT, _RULE, _UNSAFE],
+                         ids=["constraint", "fact", "rule", "unsafe"])
 @pytest.mark.parametrize("shape", ["use use use", "our our our", "one long word", "spaces"])
 def test_statement_patterns_are_linear(pattern: re.Pattern[str], shape: str) -> None:
     assert_linear(lambda text: list(pattern.finditer(text)), SHAPES[shape])
