@@ -171,6 +171,12 @@ class Settings(BaseSettings):
         None, description="postgresql://... to share memory between replicas; unset: SQLite."
     )
     memory_enabled: bool = Field(True, description="Store and recall typed memory.")
+    chat_memory_asset: bool = Field(
+        True,
+        description="With memory on and a team, list the caller's own memory in "
+        "<knowledge_tools> as the chat_memory-{team}-{agent} asset (tools: search, read, "
+        "recent), for the model to pull from.",
+    )
     working_ttl_s: float = Field(1800.0, gt=0, description="Sliding TTL of working memory.")
     semantic_threshold: float = Field(
         0.75, ge=0, le=1, description="Score a distilled fact needs to become semantic memory."

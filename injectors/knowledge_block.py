@@ -54,6 +54,8 @@ GUIDANCE = (
     "A wiki holds written docs (design, decisions, conventions, runbooks): search it before "
     "guessing how something is meant to work. A code graph indexes a repository's symbols and "
     "their relations: use it to find definitions, callers, callees and the impact of a change. "
+    "Chat memory holds your own earlier turns and sessions, tool outputs included: search it "
+    "when you need something said or seen before that is no longer in view. "
     "Run an asset's list_tools command first to see its tools and their params, then its "
     "call_tool command with the tool_name and params you need (edit the JSON after -d). "
     "Answers are JSON: code 0 means success and the result is in data."
@@ -100,7 +102,7 @@ def _knowledge(
     el.set("name", _clean(item.name, MAX_NAME))
     if item.type == "code-graph" and item.repo_slug:
         el.set("repo_slug", _clean(item.repo_slug, MAX_NAME))
-    if item.type == "wiki" and item.summary:
+    if item.type in ("wiki", "chat-memory") and item.summary:
         etree.SubElement(el, "summary").text = _clean(item.summary, MAX_SUMMARY)
     list_payload: dict[str, object] = {"knowledge_id": item.knowledge_id}
     etree.SubElement(el, "list_tools").text = curl_command(

@@ -9,6 +9,7 @@ from injectors.instructions import append_block
 from injectors.knowledge_block import render
 from knowledge.capability import CapabilityKey, Grant, mint
 from knowledge.client import Discovery
+from knowledge.local import LocalAssets
 from knowledge.model import Asset
 from request import Exchange, Identity
 
@@ -26,9 +27,10 @@ class KnowledgeStep:
 
     def __init__(
         self, discovery: Discovery, *, service_id: str, capability: CapabilityKey | None = None,
-        clock: Callable[[], float] = time.time,
+        local: LocalAssets | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.discovery = discovery
+        self.local = local  # the proxy's own assets (chat memory), listed after the core's
         self.service_id = service_id
         self.capability = capability  # the embedded core's tools want one per asset and scope
         self._clock = clock
@@ -40,9 +42,15 @@ class KnowledgeStep:
         # over from the previous response.)
         if not who.team_id or ex.is_compaction:
             return
-        assets = await self.discovery.assets(who.team_id, who.agent_id, who.user_key)
+        assets = list(await self.discovery.assets(who.team_id, who.agent_id, who.user_key))
+        capabilities = self._capabilities(who, assets)
+        if self.local is not None and self.capability is not None:
+            now = self._clock()
+            for asset, grant in self.local.listed(who):
+                assets.append(asset)
+                capabilities[asset.item.knowledge_id] = mint(self.capability, grant, now=now)
         block = render(assets, service_id=self.service_id, session_id=who.session_id,
-                       capabilities=self._capabilities(who, assets))
+                       capabilities=capabilities)
         if block is None:
             return
         ex.body = append_block(ex.body, block)
