@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,9 +16,12 @@ from tests.conftest import ProxyFactory
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream
 from tests.knowledge.fake_core import FakeCore
+from tests.knowledge.test_code_graph import add_code, write_repo
 from tests.knowledge.test_discovery_e2e import block_of, fake_core, ids, remote_item, run_curl
+from tests.knowledge.wikis import add_wiki, ctxproxy, write_wiki
 from tests.memory.session import Session, settle
 
+Capsys = pytest.CaptureFixture[str]
 WHO = {"x-team-id": "team-1", "x-agent-id": "coder", "x-tdai-user-key": "uk-alice"}
 __all__ = ["fake_core"]  # the fixture, imported for these tests too
 
@@ -168,3 +172,14 @@ async def test_with_a_remote_core_the_asset_is_served_here_beside_its_assets(
     found = await run_curl(with_call(call, "search", {"query": "staging database port"}))
     assert any("6543" in r["snippet"] for r in found["data"]["results"])
     assert "core-secret" not in call
+
+
+def test_knowledge_list_shows_all_three_types(tmp_path: Path, capsys: Capsys) -> None:
+    data = tmp_path / "data"
+    wiki = add_wiki(capsys, data, write_wiki(tmp_path / "docs"))
+    graph, _ = add_code(capsys, data, write_repo(tmp_path / "shop"))
+    code, out, _ = ctxproxy(capsys, data, "knowledge", "list", "--team", "team-1")
+    assert code == 0
+    kinds = {line.split()[1] for line in out.splitlines() if line and not line[0].isspace()}
+    assert kinds == {"wiki", "code-graph", "chat-memory"}
+    assert wiki in out and graph in out and "chat_memory-team-1-<agent>" in out
