@@ -183,3 +183,27 @@ def test_knowledge_list_shows_all_three_types(tmp_path: Path, capsys: Capsys) ->
     kinds = {line.split()[1] for line in out.splitlines() if line and not line[0].isspace()}
     assert kinds == {"wiki", "code-graph", "chat-memory"}
     assert wiki in out and graph in out and "chat_memory-team-1-<agent>" in out
+
+
+async def test_read_gives_a_masked_output_whole_to_its_own_session(
+    start_proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    from tests.window.test_masking_fetch import BIG, fetch_line, masked_outputs, session_items
+
+    proxy = await start_proxy(chat_memory_asset=True, window_policy="fixed", keep_turns=2,
+                              trim_slack=0, mask_tool_outputs=True)
+    hdrs = {**WHO, "session_id": "sess-m", "x-codex-turn-metadata": "{}"}
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/responses", json={"model": "m", "input": session_items(),
+                                           "stream": True, "prompt_cache_key": "sess-m"},
+        headers=hdrs,
+    ) as r:
+        await r.read()
+    [masked] = masked_outputs(upstream)
+    output_id = fetch_line(masked).rsplit("/", 1)[1].strip("'")
+    call = chat_memory(block_of(upstream)).findtext("call_tool") or ""
+    read = await run_curl(with_call(call, "read", {"output_id": output_id}))
+    assert read["code"] == 0 and read["data"]["text"] == BIG
+    # Another session (the line's conversation header changed) gets nothing.
+    other = with_call(call, "read", {"output_id": output_id}).replace("sess-m", "sess-x")
+    assert (await run_curl(other))["code"] == 404
