@@ -57,6 +57,9 @@ async def start_proxy(
             "data_dir": tmp_path / "data",
             "upstream_read_timeout_s": 5,
             "port": free_port(),
+            # The memory budget guards production latency; a test asserts what memory does,
+            # on shared cores that may be busy (a test of the budget sets its own).
+            "memory_timeout_ms": 10_000,
         }
         values.update(overrides)
         if "trim_slack" in overrides or "trim_at_tokens" in overrides:
