@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -123,7 +124,7 @@ class Digests:
         self.max_chars = max_chars
         self._made: LRUCache[tuple[object, ...], Item | None] = LRUCache(CACHED)
 
-    def message(self, history: History, first: int, who: Identity) -> Item | None:
+    async def message(self, history: History, first: int, who: Identity) -> Item | None:
         lo = max(first - MAX_TURNS, 0)
         session = who.session_id or ""
         key = (who.team_id, who.agent_id, who.owner, session, first,
@@ -132,10 +133,15 @@ class Digests:
             return self._made[key]
         except KeyError:
             pass
+        # Made once per cut, from as much of the history as was cut: off the event loop.
+        made = await asyncio.to_thread(self._make, history, first, lo)
+        self._made[key] = made
+        return made
+
+    def _make(self, history: History, first: int, lo: int) -> Item | None:
         made = digest_message(history, first, self.max_chars)
         if made is not None:
             cut = history.items[history.starts[lo] : history.starts[first]]
             if len(made["content"][0]["text"]) * 2 > len(orjson.dumps(cut)):
                 made = None  # turns this short are cheaper to lose than to describe
-        self._made[key] = made
         return made
