@@ -1,0 +1,187 @@
+"""Vectors of memories: chunking, the content digest, and the exact search both stores use.
+
+A memory is embedded as chunks of whole lines (``chunks``): a long episode (a tool output, a
+long answer) gets a vector per stretch, so a match inside it is found and shown by itself.
+Vectors are cached by the digest of (model, chunk text): the same text is never embedded
+twice. The search is exact (a matrix product over every vector of one scope) on an
+in-process copy of the scope's vectors (``VectorIndex``), kept in step by reading only the
+rows written since the last read; no ANN index to tune, and it stays within tens of ms at
+100k memories of one scope. PostgreSQL's pgvector and sqlite-vec would replace this copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memory.model import Scope
+
+__all__ = [
+    "CHUNK_CHARS", "MAX_CHUNKS", "Match", "VectorIndex", "VectorRow", "chunks", "content_digest",
+    "pack", "unpack",
+]
+
+CHUNK_CHARS = 1000  # about 250 tokens: what a small embedding model reads of a text
+MAX_CHUNKS = 16  # a huge output's tail stays lexical only: its embedding would cost too much
+SCOPES_CACHED = 32
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRow:
+    """One chunk's vector as stored: ``start``/``end`` are character offsets in the text."""
+
+    memory_id: str
+    chunk: int
+    start: int
+    end: int
+    model: str
+    digest: str
+    vector: bytes  # little-endian float32, unit length
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A memory found by meaning: its best chunk and that chunk's cosine similarity."""
+
+    memory_id: str
+    similarity: float
+    start: int
+    end: int
+
+
+def content_digest(model: str, text: str) -> str:
+    return hashlib.sha256(f"{model}\0{text}".encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def pack(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def unpack(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
+    """(start, end) character spans of ``text``: whole lines up to ``size`` characters each
+    (a longer line is cut), at most MAX_CHUNKS; the whole text when it fits in one."""
+    if len(text) <= size:
+        return [(0, len(text))] if text.strip() else []
+    spans: list[tuple[int, int]] = []
+    start = at = 0
+    while at < len(text) and len(spans) < MAX_CHUNKS:
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end + 1
+        if end - start > size:
+            if at > start:  # close the chunk before this line
+                spans.append((start, at))
+                start = at
+            else:  # one line longer than a chunk: cut it
+                spans.append((start, start + size))
+                start = at = start + size
+            continue
+        at = end
+    if start < len(text) and len(spans) < MAX_CHUNKS:
+        spans.append((start, len(text)))
+    return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+class _Scoped:
+    """One scope's vectors under one model, grown in place."""
+
+    def __init__(self, dim: int) -> None:
+        self.seen = -1  # the largest seq read
+        self.matrix = np.zeros((256, dim), dtype=np.float32)
+        self.size = 0
+        self.ids: list[str | None] = []
+        self.spans: list[tuple[int, int]] = []
+        self.slots: dict[str, list[int]] = {}
+        self.seqs: set[int] = set()  # recent seqs, for stores whose seqs commit out of order
+
+    def add(self, seq: int, row: VectorRow, vector: np.ndarray) -> None:
+        if seq in self.seqs:
+            return
+        self.seqs.add(seq)
+        if len(self.seqs) > 4 * REREAD:
+            floor = self.seen - REREAD
+            self.seqs = {s for s in self.seqs if s >= floor}
+        if row.chunk == 0:  # the memory was embedded again: its old chunks are gone
+            for slot in self.slots.pop(row.memory_id, []):
+                self.ids[slot] = None
+                self.matrix[slot] = 0.0
+        if self.size == len(self.matrix):
+            grown = np.zeros((2 * len(self.matrix), self.matrix.shape[1]), dtype=np.float32)
+            grown[: self.size] = self.matrix
+            self.matrix = grown
+        self.matrix[self.size] = vector
+        self.ids.append(row.memory_id)
+        self.spans.append((row.start, row.end))
+        self.slots.setdefault(row.memory_id, []).append(self.size)
+        self.size += 1
+        self.seen = max(self.seen, seq)
+
+
+# PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
+# already read. Each refresh reads this many seqs back again (deduplicated by seq).
+REREAD = 512
+
+
+class VectorIndex:
+    """The exact vector search of one store: per (scope, model), an in-process matrix that a
+    refresh extends with the rows stored since (``since``/``apply``). Thread-safe."""
+
+    def __init__(self, scopes: int = SCOPES_CACHED) -> None:
+        self._scopes: OrderedDict[tuple[Scope, str], _Scoped] = OrderedDict()
+        self._max = scopes
+        self._lock = threading.Lock()
+
+    def since(self, scope: Scope, model: str) -> int:
+        """Read rows with seq above this (-1: all of them)."""
+        with self._lock:
+            held = self._scopes.get((scope, model))
+            return -1 if held is None else max(-1, held.seen - REREAD)
+
+    def apply(self, scope: Scope, model: str, rows: Sequence[tuple[int, VectorRow]]) -> None:
+        with self._lock:
+            key = (scope, model)
+            held = self._scopes.get(key)
+            for seq, row in rows:
+                vector = unpack(row.vector)
+                if held is None:
+                    held = self._scopes[key] = _Scoped(len(vector))
+                if len(vector) != held.matrix.shape[1]:
+                    # The model's size changed under the same name: start the scope over.
+                    held = self._scopes[key] = _Scoped(len(vector))
+                held.add(seq, row, vector)
+            if held is not None:
+                self._scopes.move_to_end(key)
+            while len(self._scopes) > self._max:
+                self._scopes.popitem(last=False)
+
+    def top(self, scope: Scope, model: str, query: np.ndarray, k: int) -> list[Match]:
+        """The ``k`` memories whose best chunk is nearest ``query``, nearest first."""
+        with self._lock:
+            held = self._scopes.get((scope, model))
+            if held is None or held.size == 0 or k <= 0:
+                return []
+            if len(query) != held.matrix.shape[1]:
+                return []
+            scores = held.matrix[: held.size] @ np.asarray(query, dtype=np.float32)
+            # A memory has several chunks: take enough slots to fill k memories.
+            wanted = min(held.size, 4 * k + 16)
+            slots = np.argpartition(-scores, wanted - 1)[:wanted]
+            slots = slots[np.argsort(-scores[slots], kind="stable")]
+            out: dict[str, Match] = {}
+            for slot in slots.tolist():
+                memory_id = held.ids[slot]
+                if memory_id is None or memory_id in out:
+                    continue
+                start, end = held.spans[slot]
+                out[memory_id] = Match(memory_id, float(scores[slot]), start, end)
+                if len(out) == k:
+                    break
+            return list(out.values())
