@@ -23,6 +23,7 @@ import orjson
 from config import Settings
 from injectors.redact import redact
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError, user_ref
+from memory.reindex import reindex
 from memory.stores import make_store
 
 __all__ = ["register"]
@@ -66,6 +67,10 @@ def register(commands: Any) -> None:
     p = sub.add_parser("forget", help="delete a memory and what was distilled only from it")
     p.add_argument("memory_id")
     p.set_defaults(func=_runner(_forget))
+
+    p = sub.add_parser("reindex", help="embed the memories that have no vector yet "
+                       "(CTXPROXY_EMBEDDINGS_URL); resumable")
+    p.set_defaults(func=_runner(reindex))
 
     p = sub.add_parser("export", help="write memories as JSON lines")
     _filters(p)

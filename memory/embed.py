@@ -20,7 +20,12 @@ import httpx
 import numpy as np
 import orjson
 
-__all__ = ["COOLDOWN_S", "FAILURES", "Breaker", "EmbedError", "Embedder", "HttpEmbedder"]
+from config import Settings
+
+__all__ = [
+    "COOLDOWN_S", "FAILURES", "Breaker", "EmbedError", "Embedder", "HttpEmbedder",
+    "embedder_from",
+]
 
 FAILURES = 3
 COOLDOWN_S = 30.0
@@ -64,6 +69,19 @@ class Breaker:
         self._in_a_row += 1
         if self._in_a_row >= self._failures:
             self._open_until = self._clock() + self._cooldown_s
+
+
+def embedder_from(settings: Settings) -> HttpEmbedder | None:
+    """The embeddings client when ``CTXPROXY_EMBEDDINGS_URL`` is set, else None (lexical)."""
+    if not settings.embeddings_url:
+        return None
+    key = settings.embeddings_api_key
+    return HttpEmbedder(
+        settings.embeddings_url, model=settings.embeddings_model,
+        api_key=key.get_secret_value() if key is not None else None,
+        # The client's bound is the ingest batches'; a turn's question passes its own.
+        timeout_s=settings.embeddings_timeout_ms / 1000 * 10,
+    )
 
 
 class HttpEmbedder:

@@ -522,7 +522,10 @@ class PostgresStore:
         async with self._conn() as conn:
             cur = await conn.execute(
                 f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id = ANY(%(ids)s)"
-                f" AND {_FILTERS}", params,
+                f" AND {_FILTERS}"
+                # The copy may hold vectors of a text since changed (not embedded again yet).
+                " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
+                " AND v.model = %(model)s)", params,
             )
             found = {m.memory_id: m for m in map(_memory, await cur.fetchall())}
         return [

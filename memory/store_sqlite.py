@@ -488,8 +488,11 @@ class SqliteStore:
         rows = db.execute(
             f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id IN ({marks})"
             f" AND m.type IN ({', '.join('?' * len(types))})"
-            " AND (m.expires_at IS NULL OR m.expires_at > ?) AND " + _SCOPE_WHERE,
-            [*(m.memory_id for m in matches), *types, now, *_scope(scope)],
+            " AND (m.expires_at IS NULL OR m.expires_at > ?) AND " + _SCOPE_WHERE +
+            # The copy may hold vectors of a text since changed (and not embedded again yet).
+            " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
+            " AND v.model = ?)",
+            [*(m.memory_id for m in matches), *types, now, *_scope(scope), model],
         ).fetchall()
         found = {m.memory_id: m for m in map(_memory, rows)}
         return [

@@ -29,6 +29,9 @@ __all__ = [
 CHUNK_CHARS = 1000  # about 250 tokens: what a small embedding model reads of a text
 MAX_CHUNKS = 16  # a huge output's tail stays lexical only: its embedding would cost too much
 SCOPES_CACHED = 32
+# PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
+# already read. Each refresh reads this many seqs back again (deduplicated by seq).
+REREAD = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +105,22 @@ class _Scoped:
         self.slots: dict[str, list[int]] = {}
         self.seqs: set[int] = set()  # recent seqs, for stores whose seqs commit out of order
 
-    def add(self, seq: int, row: VectorRow, vector: np.ndarray) -> None:
-        if seq in self.seqs:
-            return
-        self.seqs.add(seq)
+    def replace(self, memory_id: str, rows: Sequence[tuple[int, VectorRow, np.ndarray]]) -> None:
+        """A memory's vectors, as one write stored them all: they replace its old ones."""
+        fresh = [r for r in rows if r[0] not in self.seqs]
+        if not fresh:
+            return  # read again (see REREAD)
+        for slot in self.slots.pop(memory_id, []):
+            self.ids[slot] = None
+            self.matrix[slot] = 0.0
+        for seq, row, vector in fresh:
+            self.seqs.add(seq)
+            self._add(seq, row, vector)
         if len(self.seqs) > 4 * REREAD:
             floor = self.seen - REREAD
             self.seqs = {s for s in self.seqs if s >= floor}
-        if row.chunk == 0:  # the memory was embedded again: its old chunks are gone
-            for slot in self.slots.pop(row.memory_id, []):
-                self.ids[slot] = None
-                self.matrix[slot] = 0.0
+
+    def _add(self, seq: int, row: VectorRow, vector: np.ndarray) -> None:
         if self.size == len(self.matrix):
             grown = np.zeros((2 * len(self.matrix), self.matrix.shape[1]), dtype=np.float32)
             grown[: self.size] = self.matrix
@@ -123,11 +131,6 @@ class _Scoped:
         self.slots.setdefault(row.memory_id, []).append(self.size)
         self.size += 1
         self.seen = max(self.seen, seq)
-
-
-# PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
-# already read. Each refresh reads this many seqs back again (deduplicated by seq).
-REREAD = 512
 
 
 class VectorIndex:
@@ -146,17 +149,19 @@ class VectorIndex:
             return -1 if held is None else max(-1, held.seen - REREAD)
 
     def apply(self, scope: Scope, model: str, rows: Sequence[tuple[int, VectorRow]]) -> None:
+        # A write stores all of a memory's chunks at once: grouped, they replace its old ones.
+        by_memory: dict[str, list[tuple[int, VectorRow, np.ndarray]]] = {}
+        for seq, row in rows:
+            by_memory.setdefault(row.memory_id, []).append((seq, row, unpack(row.vector)))
         with self._lock:
             key = (scope, model)
             held = self._scopes.get(key)
-            for seq, row in rows:
-                vector = unpack(row.vector)
-                if held is None:
-                    held = self._scopes[key] = _Scoped(len(vector))
-                if len(vector) != held.matrix.shape[1]:
-                    # The model's size changed under the same name: start the scope over.
-                    held = self._scopes[key] = _Scoped(len(vector))
-                held.add(seq, row, vector)
+            for memory_id, group in by_memory.items():
+                dim = len(group[0][2])
+                if held is None or held.matrix.shape[1] != dim:
+                    # New, or the model's size changed under the same name: start over.
+                    held = self._scopes[key] = _Scoped(dim)
+                held.replace(memory_id, [g for g in group if len(g[2]) == dim])
             if held is not None:
                 self._scopes.move_to_end(key)
             while len(self._scopes) > self._max:

@@ -12,11 +12,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
-from config import Settings
 from injectors import memory_blocks, tokens
 from memory.cpu import Pool
 from memory.distill import Distiller
-from memory.embed import HttpEmbedder
+from memory.embed import embedder_from
 from memory.health import Health
 from memory.indexer import Indexer
 from memory.ingest import Ingester
@@ -103,19 +102,6 @@ def _count_embedded(counter: Counter) -> Callable[[int, int], None]:
     return count
 
 
-def _embedder(settings: Settings) -> HttpEmbedder | None:
-    """The embeddings client when CTXPROXY_EMBEDDINGS_URL is set (hybrid recall)."""
-    if not settings.embeddings_url:
-        return None
-    key = settings.embeddings_api_key
-    return HttpEmbedder(
-        settings.embeddings_url, model=settings.embeddings_model,
-        api_key=key.get_secret_value() if key is not None else None,
-        # The ingest batches' bound; a turn's question waits for the setting itself.
-        timeout_s=settings.embeddings_timeout_ms / 1000 * 10,
-    )
-
-
 async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     health = Health(lambda: metrics.degraded.labels("memory").inc())
@@ -133,7 +119,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         on_drop=lambda reason: metrics.queue_dropped.labels(reason).inc(),
     )
     pool = Pool()
-    embedder = _embedder(settings)
+    embedder = embedder_from(settings)
     indexer = None
     if embedder is not None:
         indexer = Indexer(
