@@ -186,7 +186,7 @@ class Recaller:
         offload: Offload = asyncio.to_thread,
         embedder: Embedder | None = None,
         query_timeout_s: float = 0.3,
-        min_similarity: float = 0.4,
+        min_similarity: float = 0.2,
         on_degraded: Callable[[Exception], None] = lambda exc: None,
     ) -> None:
         self._store = store

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, bound
-from memory.vectors import VectorIndex, VectorRow
+from memory.vectors import REREAD, VectorIndex, VectorRow
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 
@@ -167,12 +167,14 @@ ORDER BY coverage DESC, score DESC, m.updated_at DESC, m.memory_id DESC
 LIMIT %(limit)s
 """
 _STATS_TTL_S = 300.0
-_VECTORS_SINCE = """
-SELECT v.seq, v.memory_id, v.chunk, v.start_at, v.end_at, v.vector
-FROM memory_vectors v JOIN memories m ON m.memory_id = v.memory_id
+_VECTOR_SEQS = """
+SELECT v.seq FROM memory_vectors v JOIN memories m ON m.memory_id = v.memory_id
 WHERE v.seq > %(since)s AND v.model = %(model)s AND m.service_id = %(service_id)s
   AND m.team_id = %(team_id)s AND m.agent_id = %(agent_id)s AND m.user_ref = %(user_ref)s
-ORDER BY v.seq
+"""
+_VECTOR_ROWS = """
+SELECT seq, memory_id, chunk, start_at, end_at, vector FROM memory_vectors
+WHERE seq = ANY(%(seqs)s) ORDER BY seq
 """
 _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NOT EXISTS (
     SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id AND v.model = %s)"""
@@ -191,7 +193,7 @@ class PostgresStore:
         self._timeout_s = timeout_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._stats: _Stats | None = None
-        self._vectors = VectorIndex()
+        self._vectors = VectorIndex(reread=REREAD)
 
     def __repr__(self) -> str:
         return "PostgresStore(<url>)"
@@ -503,8 +505,14 @@ class PostgresStore:
             "agent_id": scope.agent_id, "user_ref": scope.user,
         }
         async with self._conn() as conn:
-            cur = await conn.execute(_VECTORS_SINCE, params)
-            fresh = await cur.fetchall()
+            # The seqs first (a look back, see memory.vectors.REREAD), then only the rows of
+            # those not held: the vectors themselves cross the wire once.
+            cur = await conn.execute(_VECTOR_SEQS, params)
+            seqs = self._vectors.unknown(scope, model, [int(r[0]) for r in await cur.fetchall()])
+            fresh: list[Any] = []
+            if seqs:
+                cur = await conn.execute(_VECTOR_ROWS, {"seqs": seqs})
+                fresh = await cur.fetchall()
         rows = [(int(seq), VectorRow(str(mid), int(chunk), int(a), int(b), model, "", bytes(v)))
                 for seq, mid, chunk, a, b, v in fresh]
 

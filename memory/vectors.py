@@ -20,9 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from memory.model import Scope
+from memory.turns import INDENT
 
 __all__ = [
-    "CHUNK_CHARS", "MAX_CHUNKS", "Match", "VectorIndex", "VectorRow", "chunks", "content_digest",
+    "CHUNK_CHARS", "MAX_CHUNKS", "REREAD", "Match", "VectorIndex", "VectorRow", "chunks",
+    "content_digest",
     "pack", "unpack",
 ]
 
@@ -30,7 +32,8 @@ CHUNK_CHARS = 1000  # about 250 tokens: what a small embedding model reads of a 
 MAX_CHUNKS = 16  # a huge output's tail stays lexical only: its embedding would cost too much
 SCOPES_CACHED = 32
 # PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
-# already read. Each refresh reads this many seqs back again (deduplicated by seq).
+# already read. Its refresh looks this many seqs back again (by seq alone, then reads the rows
+# it does not hold). SQLite commits one writer at a time, in seq order: 0.
 REREAD = 512
 
 
@@ -69,13 +72,26 @@ def unpack(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype="<f4")
 
 
+def _first_entry(text: str, size: int) -> int:
+    """Where the text's first entry ends: its first line and the indented lines after it
+    (an episode's "User: ..." prompt, see memory.turns.render), within ``size``; 0 when
+    nothing follows it."""
+    at = text.find("\n")
+    while 0 <= at < len(text) - 1 and text.startswith(INDENT, at + 1):
+        at = text.find("\n", at + 1)
+    return 0 if at < 0 or at + 1 >= len(text) else min(at + 1, size)
+
+
 def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
-    """(start, end) character spans of ``text``: whole lines up to ``size`` characters each
-    (a longer line is cut), at most MAX_CHUNKS; the whole text when it fits in one."""
-    if len(text) <= size:
-        return [(0, len(text))] if text.strip() else []
+    """(start, end) character spans of ``text``: its first entry (a turn's prompt: what the
+    turn is about, not diluted by its outputs) when more follows, then whole lines up to
+    ``size`` characters each (a longer line is cut), at most MAX_CHUNKS."""
+    if not text.strip():
+        return []
     spans: list[tuple[int, int]] = []
-    start = at = 0
+    start = at = _first_entry(text, size)
+    if start:
+        spans.append((0, start))
     while at < len(text) and len(spans) < MAX_CHUNKS:
         end = text.find("\n", at)
         end = len(text) if end < 0 else end + 1
@@ -96,7 +112,8 @@ def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
 class _Scoped:
     """One scope's vectors under one model, grown in place."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, reread: int) -> None:
+        self.reread = reread
         self.seen = -1  # the largest seq read
         self.matrix = np.zeros((256, dim), dtype=np.float32)
         self.size = 0
@@ -116,9 +133,9 @@ class _Scoped:
         for seq, row, vector in fresh:
             self.seqs.add(seq)
             self._add(seq, row, vector)
-        if len(self.seqs) > 4 * REREAD:
-            floor = self.seen - REREAD
-            self.seqs = {s for s in self.seqs if s >= floor}
+        if len(self.seqs) > 4 * self.reread:
+            floor = self.seen - self.reread
+            self.seqs = {s for s in self.seqs if s > floor}
 
     def _add(self, seq: int, row: VectorRow, vector: np.ndarray) -> None:
         if self.size == len(self.matrix):
@@ -137,8 +154,9 @@ class VectorIndex:
     """The exact vector search of one store: per (scope, model), an in-process matrix that a
     refresh extends with the rows stored since (``since``/``apply``). Thread-safe."""
 
-    def __init__(self, scopes: int = SCOPES_CACHED) -> None:
+    def __init__(self, *, reread: int = 0, scopes: int = SCOPES_CACHED) -> None:
         self._scopes: OrderedDict[tuple[Scope, str], _Scoped] = OrderedDict()
+        self._reread = reread
         self._max = scopes
         self._lock = threading.Lock()
 
@@ -146,7 +164,15 @@ class VectorIndex:
         """Read rows with seq above this (-1: all of them)."""
         with self._lock:
             held = self._scopes.get((scope, model))
-            return -1 if held is None else max(-1, held.seen - REREAD)
+            return -1 if held is None else max(-1, held.seen - self._reread)
+
+    def unknown(self, scope: Scope, model: str, seqs: Sequence[int]) -> list[int]:
+        """Which of ``seqs`` (read again, see REREAD) are not held yet."""
+        with self._lock:
+            held = self._scopes.get((scope, model))
+            if held is None:
+                return list(seqs)
+            return [s for s in seqs if s > held.seen or s not in held.seqs]
 
     def apply(self, scope: Scope, model: str, rows: Sequence[tuple[int, VectorRow]]) -> None:
         # A write stores all of a memory's chunks at once: grouped, they replace its old ones.
@@ -160,7 +186,7 @@ class VectorIndex:
                 dim = len(group[0][2])
                 if held is None or held.matrix.shape[1] != dim:
                     # New, or the model's size changed under the same name: start over.
-                    held = self._scopes[key] = _Scoped(dim)
+                    held = self._scopes[key] = _Scoped(dim, self._reread)
                 held.replace(memory_id, [g for g in group if len(g[2]) == dim])
             if held is not None:
                 self._scopes.move_to_end(key)

@@ -15,7 +15,7 @@ import respx
 from memory.embed import Breaker, EmbedError, HttpEmbedder
 from memory.indexer import Indexer
 from memory.model import Memory, Scope, Store
-from memory.vectors import CHUNK_CHARS, MAX_CHUNKS, chunks
+from memory.vectors import CHUNK_CHARS, MAX_CHUNKS, VectorIndex, VectorRow, chunks, pack
 from tests.fakes import embeddings as fake
 
 URL = "http://embed.test/v1"
@@ -226,3 +226,21 @@ async def test_indexer_keeps_what_failed_pending_and_reindex_resumes(store: Stor
     assert seen == [2, 4, 5]
     assert await store.count_unembedded("fake") == 0
     assert await indexer.reindex() == 0  # nothing left: a second run is a no-op
+
+
+def test_the_vector_copy_picks_up_a_row_committed_below_the_newest_it_read() -> None:
+    index = VectorIndex(reread=10)
+
+    def row(memory_id: str, values: list[float]) -> VectorRow:
+        return VectorRow(memory_id, 0, 0, 1, "m", memory_id, pack(np.asarray(values)))
+
+    index.apply(SCOPE, "m", [(5, row("a", [1, 0]))])
+    # seq 3 was handed out first but committed after 5 was read: a look back finds it.
+    since = index.since(SCOPE, "m")
+    assert since < 3
+    assert index.unknown(SCOPE, "m", [3, 5]) == [3]
+    index.apply(SCOPE, "m", [(3, row("b", [0, 1]))])
+    index.apply(SCOPE, "m", [(5, row("a", [0, 1]))])  # read again: already held, no change
+
+    top = index.top(SCOPE, "m", np.asarray([0, 1], dtype=np.float32), 2)
+    assert [(m.memory_id, round(m.similarity, 3)) for m in top] == [("b", 1.0), ("a", 0.0)]
