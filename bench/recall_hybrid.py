@@ -212,6 +212,7 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
                 vectors += sum(m.scope == lexical.SCOPE for m in batch)
                 after = batch[-1].memory_id
             await store.close()
+            await analyze_all(values)
             store = make_store(settings)
             await store.open()
             queries = rng.standard_normal((args.queries + 1, dim)).astype(np.float32)
@@ -241,6 +242,16 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
             "vector_p50": pct(vector_ms, 50), "vector_p95": pct(vector_ms, 95),
             "text_p50": pct(text_ms, 50), "text_p95": pct(text_ms, 95),
             "both_p50": pct(both_ms, 50), "both_p95": pct(both_ms, 95)}
+
+
+async def analyze_all(values: dict[str, Any]) -> None:
+    """PostgreSQL: table statistics after the bulk of vectors, as autovacuum would keep."""
+    url = values.get("store_url")
+    if url:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("ANALYZE")
 
 
 def start_server(port: int) -> subprocess.Popen[bytes]:
@@ -282,7 +293,8 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, str], Result],
         f"{'the bundled embed_server.py' if args.bundled else args.embeddings_url}; "
         f"{SESSIONS} sessions of one scope, {len(PARAPHRASES)} paraphrased facts "
         "(bench/paraphrases.py); embeddings timeout "
-        f"{args.timeout_ms} ms, memory budget {args.memory_ms} ms, other settings default "
+        f"{args.timeout_ms} ms, batch {args.batch}, memory budget {args.memory_ms} ms (the "
+        "CPU model answers one request at a time), other settings default "
         "(EMBEDDINGS_MIN_SIMILARITY 0.2, RECALL_MIN_SCORE 0.25, RECALL_K 5, MEMORY_TOKENS "
         "1200).", "",
         "| store | recall | paraphrase asks recalled | lexical asks recalled "
@@ -326,9 +338,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "default: start ../shared/tools/embed_server.py")
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
     parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--timeout-ms", type=int, default=2000,
+    # The bundled model runs on the CPU, one request at a time, and a question waits behind
+    # any ingest batch: timeouts long enough to measure retrieval, not this server's queue.
+    parser.add_argument("--timeout-ms", type=int, default=10000,
                         help="CTXPROXY_EMBEDDINGS_TIMEOUT_MS (the CPU model is slow)")
-    parser.add_argument("--memory-ms", type=int, default=3000, help="CTXPROXY_MEMORY_TIMEOUT_MS")
+    parser.add_argument("--memory-ms", type=int, default=12000,
+                        help="CTXPROXY_MEMORY_TIMEOUT_MS")
+    parser.add_argument("--batch", type=int, default=8, help="CTXPROXY_EMBEDDINGS_BATCH")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the search speed at --size (no model needed)")
     parser.add_argument("--quick", action="store_true", help="SQLite, 10k memories")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
     args = parser.parse_args(argv)
@@ -346,6 +364,11 @@ async def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"a paraphrase shares words with its fact: {case.question}")
     server = None
     args.bundled = not args.embeddings_url
+    if args.speed_only:
+        with tempfile.TemporaryDirectory(prefix="ctxproxy-hybrid-") as tmp:
+            for name in args.stores:
+                print(name, await search_speed(name, args, Path(tmp), args.dim))
+        return 0
     if args.bundled:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -365,7 +388,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
                         if mode == "hybrid":
                             values.update(embeddings_url=args.embeddings_url,
                                           embeddings_model=args.model,
-                                          embeddings_timeout_ms=args.timeout_ms)
+                                          embeddings_timeout_ms=args.timeout_ms,
+                                          embeddings_batch=args.batch)
                         print(f"[{name}] {mode} recall ...", flush=True)
                         runs[(name, mode)] = await recall_run(values, seed=3)
             print("ingest rate ...", flush=True)

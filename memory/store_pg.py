@@ -505,6 +505,9 @@ class PostgresStore:
             "agent_id": scope.agent_id, "user_ref": scope.user,
         }
         async with self._conn() as conn:
+            # A range of the seq index, whatever the statistics say (before ANALYZE has seen
+            # the vectors, the planner read every one of them, 150 MB at 100k).
+            await conn.execute("SET LOCAL enable_seqscan = off")
             # The seqs first (a look back, see memory.vectors.REREAD), then only the rows of
             # those not held: the vectors themselves cross the wire once.
             cur = await conn.execute(_VECTOR_SEQS, params)
@@ -525,17 +528,20 @@ class PostgresStore:
         matches = await asyncio.to_thread(top)
         if not matches:
             return []
-        params.update(ids=[m.memory_id for m in matches], types=list(types),
-                      now=time.time() if now is None else now)
+        at = time.time() if now is None else now
         async with self._conn() as conn:
+            # By id alone, filtered here: the planner may not take the scope's index for it.
             cur = await conn.execute(
-                f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id = ANY(%(ids)s)"
-                f" AND {_FILTERS}"
+                f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id = ANY(%s)"
                 # The copy may hold vectors of a text since changed (not embedded again yet).
                 " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
-                " AND v.model = %(model)s)", params,
+                " AND v.model = %s)", ([m.memory_id for m in matches], model),
             )
-            found = {m.memory_id: m for m in map(_memory, await cur.fetchall())}
+            found = {
+                m.memory_id: m for m in map(_memory, await cur.fetchall())
+                if m.scope == scope and m.type in types
+                and (m.expires_at is None or m.expires_at > at)
+            }
         return [
             Hit(found[m.memory_id], max(m.similarity, 1e-9), m.similarity, (m.start, m.end))
             for m in matches if m.memory_id in found

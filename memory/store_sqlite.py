@@ -167,7 +167,7 @@ _KEYS_PER_QUERY = 500  # under SQLite's bound on a statement's parameters
 _VECTORS_SINCE = f"""
 SELECT v.seq, v.memory_id, v.chunk, v.start_at, v.end_at, v.vector
 FROM memory_vectors v CROSS JOIN memories m ON m.memory_id = v.memory_id
-WHERE v.seq > ? AND v.model = ? AND {_SCOPE_WHERE}
+WHERE v.seq > ? AND +v.model = ? AND {_SCOPE_WHERE}  -- by seq (rowid), not the model index
 ORDER BY v.seq
 """
 _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NOT EXISTS (
@@ -485,16 +485,20 @@ class SqliteStore:
         if not matches:
             return []
         marks = ", ".join("?" * len(matches))
+        # Looked up by id alone and filtered here: with the scope in the statement, SQLite
+        # would walk the scope's index (tens of thousands of rows) instead.
         rows = db.execute(
             f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id IN ({marks})"
-            f" AND m.type IN ({', '.join('?' * len(types))})"
-            " AND (m.expires_at IS NULL OR m.expires_at > ?) AND " + _SCOPE_WHERE +
             # The copy may hold vectors of a text since changed (and not embedded again yet).
             " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
             " AND v.model = ?)",
-            [*(m.memory_id for m in matches), *types, now, *_scope(scope), model],
+            [*(m.memory_id for m in matches), model],
         ).fetchall()
-        found = {m.memory_id: m for m in map(_memory, rows)}
+        found = {
+            m.memory_id: m for m in map(_memory, rows)
+            if m.scope == scope and m.type in types
+            and (m.expires_at is None or m.expires_at > now)
+        }
         return [
             Hit(found[m.memory_id], max(m.similarity, 1e-9), m.similarity, (m.start, m.end))
             for m in matches if m.memory_id in found
