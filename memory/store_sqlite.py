@@ -25,7 +25,7 @@ import orjson
 
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
-from memory.vectors import VectorIndex, VectorRow
+from memory.vectors import Match, VectorIndex, VectorRow
 from memory.words import terms
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
@@ -466,24 +466,31 @@ class SqliteStore:
         if not types or limit <= 0:
             return []
         at = time.time() if now is None else now
-        return await self._run(self._vector_search, scope, vector, model, list(types), limit,
-                               at)
 
-    def _vector_search(
-        self, scope: Scope, vector: np.ndarray, model: str, types: builtins.list[str], limit: int,
-        now: float,
-    ) -> builtins.list[Hit]:
-        db = self._db()
-        since = self._vectors.since(scope, model)
-        fresh = db.execute(_VECTORS_SINCE, (since, model, *_scope(scope))).fetchall()
-        self._vectors.apply(scope, model, [
-            (int(seq), VectorRow(str(mid), int(chunk), int(a), int(b), model, "", bytes(vec)))
-            for seq, mid, chunk, a, b, vec in fresh
-        ])
-        # Twice the limit: a match of another type, expired or deleted is dropped below.
-        matches = self._vectors.top(scope, model, vector, 2 * limit)
+        def fresh() -> builtins.list[tuple[int, VectorRow]]:
+            since = self._vectors.since(scope, model)
+            rows = self._db().execute(_VECTORS_SINCE, (since, model, *_scope(scope)))
+            return [(int(seq), VectorRow(str(mid), int(chunk), int(a), int(b), model, "",
+                                         bytes(vec)))
+                    for seq, mid, chunk, a, b, vec in rows.fetchall()]
+
+        def top(rows: builtins.list[tuple[int, VectorRow]]) -> builtins.list[Match]:
+            self._vectors.apply(scope, model, rows)
+            # Twice the limit: a match of another type, expired or deleted is dropped later.
+            return self._vectors.top(scope, model, vector, 2 * limit)
+
+        # The matrix product in a worker of its own: the store's thread meanwhile serves the
+        # full-text search recall runs beside it.
+        matches = await asyncio.to_thread(top, await self._run(fresh))
         if not matches:
             return []
+        return await self._run(self._found, scope, matches, model, list(types), limit, at)
+
+    def _found(
+        self, scope: Scope, matches: builtins.list[Match], model: str,
+        types: builtins.list[str], limit: int, now: float,
+    ) -> builtins.list[Hit]:
+        db = self._db()
         marks = ", ".join("?" * len(matches))
         # Looked up by id alone and filtered here: with the scope in the statement, SQLite
         # would walk the scope's index (tens of thousands of rows) instead.
