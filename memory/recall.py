@@ -27,7 +27,7 @@ import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -91,15 +91,16 @@ def fuse(lexical: Sequence[Hit], vector: Sequence[Hit], k: int = RRF_K) -> list[
     """Reciprocal rank fusion of the full-text and the vector ranking: each memory scores
     the sum of 1 / (k + rank) over the rankings it is in, scaled so the best has 1. Ranks,
     not scores: BM25 and cosine similarity are on scales that do not compare."""
-    fused: dict[str, list[Any]] = {}
+    scores: dict[str, float] = {}
+    first: dict[str, Hit] = {}  # the hit of the vector ranking when a memory is in both
     for hits in (lexical, vector):
         for rank, hit in enumerate(hits):
-            entry = fused.setdefault(hit.memory.memory_id, [hit.memory, 0.0, None, None])
-            entry[1] += 1.0 / (k + rank + 1)
-            if hit.similarity is not None:
-                entry[2], entry[3] = hit.similarity, hit.span
-    top = max((e[1] for e in fused.values()), default=1.0)
-    return [Candidate(m, score / top, sim, span) for m, score, sim, span in fused.values()]
+            memory_id = hit.memory.memory_id
+            scores[memory_id] = scores.get(memory_id, 0.0) + 1.0 / (k + rank + 1)
+            if memory_id not in first or hit.similarity is not None:
+                first[memory_id] = hit
+    top = max(scores.values(), default=1.0)
+    return [Candidate(h.memory, scores[i] / top, h.similarity, h.span) for i, h in first.items()]
 
 
 def decay(memory: Memory, now: float) -> float:
