@@ -11,6 +11,7 @@ import hmac
 import logging
 import re
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,9 +20,10 @@ import orjson
 from aiohttp import web
 
 from config.settings import SERVICE_ID_PATTERN
+from knowledge.capability import HEADER, CapabilityKey, check
 from knowledge.service import EmbeddedCore, ServiceError
 
-__all__ = ["EMBEDDED", "add_routes"]
+__all__ = ["EMBEDDED", "TOOL_ROUTES", "add_routes"]
 
 EMBEDDED = web.AppKey("knowledge_embedded", EmbeddedCore)
 _SERVICE_ID = re.compile(SERVICE_ID_PATTERN)
@@ -47,9 +49,12 @@ def _authorised(request: web.Request, token: str | None) -> bool:
     return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
 
 
-def _route(op: Operation, *, token: str | None) -> Callable[[web.Request], Any]:
+def _route(
+    op: Operation, *, token: str | None, capability: CapabilityKey | None = None
+) -> Callable[[web.Request], Any]:
     """A handler for ``op``; ``token`` is the core token its caller must present (None: no
-    token needed)."""
+    token needed); with ``capability``, the caller presents a capability for the asset
+    instead (the model's curl lines: see knowledge.capability)."""
 
     async def handler(request: web.Request) -> web.Response:
         service_id = request.headers.get("x-tdai-service-id", "")
@@ -57,6 +62,12 @@ def _route(op: Operation, *, token: str | None) -> Callable[[web.Request], Any]:
             return envelope(400, "x-tdai-service-id is missing or not ^[A-Za-z0-9_-]{1,200}$")
         if not _authorised(request, token):
             return envelope(401, "missing or wrong bearer token")
+        grant = None
+        if capability is not None:
+            grant = check(capability, request.headers.get(HEADER), now=time.time())
+            if grant is None:
+                return envelope(401, "missing or expired capability: run the command from the "
+                                     "newest <knowledge_tools> block")
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
@@ -65,6 +76,8 @@ def _route(op: Operation, *, token: str | None) -> Callable[[web.Request], Any]:
             return envelope(400, "the body is not a JSON object")
         core = request.app[EMBEDDED]
         try:
+            if grant is not None:
+                await asyncio.to_thread(core.authorise, service_id, grant, body)
             data = await asyncio.to_thread(op, core, service_id, request.headers, body)
         except ServiceError as exc:
             return envelope(exc.code, exc.message)
@@ -79,19 +92,26 @@ def _route(op: Operation, *, token: str | None) -> Callable[[web.Request], Any]:
 ROUTE = "knowledge"  # the access log's route name
 
 
-def add_routes(app: web.Application, core_token: str | None) -> None:
+TOOL_ROUTES = frozenset({f"{ROUTE}:tools_list", f"{ROUTE}:tools_call"})
+
+
+def add_routes(
+    app: web.Application, core_token: str | None, capability: CapabilityKey | None = None
+) -> None:
     """The four KERNEL_API.md paths; added before the proxy's catch-all passthrough. The
-    discovery calls need ``core_token`` when one is set; the tools never do."""
-    routes: list[tuple[str, str, Operation, str | None]] = [
+    discovery calls need ``core_token`` when one is set; the tools never do: with
+    ``capability`` they need a capability for their asset and scope instead."""
+    routes: list[tuple[str, str, Operation, str | None, CapabilityKey | None]] = [
         ("/v3/knowledge/list", "list",
-         lambda core, sid, headers, body: core.list_knowledge(sid, body), core_token),
+         lambda core, sid, headers, body: core.list_knowledge(sid, body), core_token, None),
         ("/v3/meta/agent-fixed-asset/list-with-detail", "agent_assets",
          lambda core, sid, headers, body: core.agent_assets(
-             sid, headers.get("x-tdai-user-key"), body), core_token),
+             sid, headers.get("x-tdai-user-key"), body), core_token, None),
         ("/v3/tools/list", "tools_list",
-         lambda core, sid, headers, body: core.tools_list(sid, body), None),
+         lambda core, sid, headers, body: core.tools_list(sid, body), None, capability),
         ("/v3/tools/call", "tools_call",
-         lambda core, sid, headers, body: core.tools_call(sid, body), None),
+         lambda core, sid, headers, body: core.tools_call(sid, body), None, capability),
     ]
-    for path, name, op, token in routes:
-        app.router.add_post(path, _route(op, token=token), name=f"{ROUTE}:{name}")
+    for path, name, op, token, cap in routes:
+        app.router.add_post(path, _route(op, token=token, capability=cap),
+                            name=f"{ROUTE}:{name}")

@@ -396,8 +396,11 @@ class Distiller:
         if deletes:
             await self._store.delete(deletes)
         if writes:
-            self._on_written(await self._store.upsert(writes))
-            log.info("distilled %d semantic memories", len(writes))
+            # A forgotten claim (a tombstone) is not written: it is not counted either.
+            writes = await self._store.upsert(writes)
+            self._on_written(writes)
+            if writes:
+                log.info("distilled %d semantic memories", len(writes))
         return len(writes)
 
     async def _grounded(self, write: Memory, existing: Sequence[Memory]) -> bool:

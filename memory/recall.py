@@ -87,13 +87,13 @@ class Candidate:
     span: tuple[int, int] | None = None  # and where that chunk stands in the text
 
 
-def fuse(lexical: Sequence[Hit], vector: Sequence[Hit], k: int = RRF_K) -> list[Candidate]:
-    """Reciprocal rank fusion of the full-text and the vector ranking: each memory scores
-    the sum of 1 / (k + rank) over the rankings it is in, scaled so the best has 1. Ranks,
-    not scores: BM25 and cosine similarity are on scales that do not compare."""
+def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
+    """Reciprocal rank fusion of full-text and vector rankings: each memory scores the sum
+    of 1 / (k + rank) over the rankings it is in, scaled so the best has 1. Ranks, not
+    scores: BM25 and cosine similarity are on scales that do not compare."""
     scores: dict[str, float] = {}
     first: dict[str, Hit] = {}  # the hit of the vector ranking when a memory is in both
-    for hits in (lexical, vector):
+    for hits in rankings:
         for rank, hit in enumerate(hits):
             memory_id = hit.memory.memory_id
             scores[memory_id] = scores.get(memory_id, 0.0) + 1.0 / (k + rank + 1)
@@ -219,11 +219,18 @@ class Recaller:
     ) -> list[Candidate]:
         """The session's working memory from turns outside the window, and the scope's
         semantic memory, each with its query-independent relevance."""
-        working, semantic = await asyncio.gather(
+        # No session (''): no working memory to read. A user's scope also shows what an
+        # operator shared with every user of its team and agent (``memory add --shared``),
+        # never what was distilled in the scope without a user.
+        team = replace(scope, user="")
+        working, semantic, shared = await asyncio.gather(
             self._store.list(scope, types=["working"], session_id=session, now=now,
-                             limit=STANDING_LIMIT),
+                             limit=STANDING_LIMIT if session else 0),
             self._store.list(scope, types=["semantic"], now=now, limit=STANDING_LIMIT),
+            self._store.list(team, types=["semantic"], now=now,
+                             limit=STANDING_LIMIT if scope.user else 0),
         )
+        semantic += [m for m in shared if m.attrs.get("shared") is True]
         out = [Candidate(m, 1.0) for m in working if _outside(m, window)]
         for m in semantic:
             standing = m.attrs.get("score", 1.0)
@@ -281,13 +288,21 @@ class Recaller:
         endpoint or the vector search failed this turn)."""
         if self.k <= 0 or budget <= 0:
             return [], "lexical"
-        hits, recent, (near, mode) = await asyncio.gather(
-            self._store.search(scope, query, types=["episodic", "semantic"],
-                               limit=SEARCH_LIMIT, now=now),
+        # A long prompt is searched as a whole and by each of its questions: the words of
+        # the question are what the memory shares, the rest says what the task is about.
+        asked = await self._offload(questions, query)
+        found, recent, (near, mode) = await asyncio.gather(
+            asyncio.gather(*(
+                self._store.search(scope, q, types=["episodic", "semantic"],
+                                   limit=SEARCH_LIMIT, now=now)
+                for q in [query, *asked]
+            )),
             self._store.list(scope, types=["episodic"], session_id=session,
-                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT, now=now),
+                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
+                             now=now),
             self._nearest(scope, query, now),
         )
+        hits = [h for part in found for h in part]
         ids = await self._offload(mentioned_ids, query)
         named = await asyncio.gather(*(self._store.get(i) for i in ids))
         candidates: list[Candidate] = []
@@ -296,8 +311,10 @@ class Recaller:
             if memory is not None and memory.scope == scope and _alive(memory, now):
                 candidates.append(Candidate(memory, MENTIONED))
         if mode == "hybrid":
-            outside = [h for h in hits if _outside(h.memory, window)]
-            candidates += fuse(outside, [h for h in near if _outside(h.memory, window)])
+            # Each search is a ranking of its own: the whole prompt's, each question's, and
+            # the vector search's.
+            candidates += fuse([[h for h in ranking if _outside(h.memory, window)]
+                                for ranking in [*found, near]])
         else:
             top = max((h.relevance for h in hits), default=0.0)
             for hit in hits:

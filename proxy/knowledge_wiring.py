@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from config import Settings
+from config.files import secret_key
+from knowledge.capability import CapabilityKey
 from knowledge.client import Core, Discovery, HttpCore
 from knowledge.routes import EMBEDDED, add_routes
 from knowledge.service import EmbeddedCore, LocalCore
@@ -16,6 +21,8 @@ from proxy.app import METRICS, SETTINGS
 from request import Step
 
 DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
+CAPABILITY = web.AppKey("knowledge_capability", CapabilityKey)
+CAPABILITY_KEY_FILE = "capability.key"
 
 
 def install(app: web.Application) -> None:
@@ -28,13 +35,26 @@ def install(app: web.Application) -> None:
     if settings.core_url is None:
         app.cleanup_ctx.append(_embedded_ctx)
         token = settings.core_token.get_secret_value() if settings.core_token else None
-        add_routes(app, token)
+        app[CAPABILITY] = capability = _capability_key(settings, token)
+        add_routes(app, token, capability)
     app.cleanup_ctx.append(_discovery_ctx)
+
+
+def _capability_key(settings: Settings, core_token: str | None) -> CapabilityKey:
+    """From the core token when one is set (replicas configured alike agree on it), else a
+    key made once in the data directory."""
+    if core_token:
+        secret = hmac.new(core_token.encode(), b"ctxproxy-capability-key",
+                          hashlib.sha256).digest()
+    else:
+        secret = secret_key(settings.data_dir, CAPABILITY_KEY_FILE)
+    return CapabilityKey(secret, settings.capability_ttl_s)
 
 
 def step(app: web.Application) -> Step | None:
     """The knowledge pipeline step (called at start-up, after every context is open)."""
-    return KnowledgeStep(app[DISCOVERY], service_id=app[SETTINGS].service_id)
+    return KnowledgeStep(app[DISCOVERY], service_id=app[SETTINGS].service_id,
+                         capability=app.get(CAPABILITY))
 
 
 async def _embedded_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -40,6 +40,8 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 ProxyFactory = Callable[..., Awaitable[Running]]
+# The proxies start_proxy serves, by URL: helpers that only hold a URL reach the app through it.
+SERVED: dict[str, Running] = {}
 
 
 @pytest.fixture
@@ -62,6 +64,7 @@ async def start_proxy(
         settings: Settings = load_settings(env={}, **values)
         running = await serve(build_app(settings), port=settings.port)
         started.append(running)
+        SERVED[running.url] = running
         return running
 
     yield start

@@ -159,7 +159,7 @@ def test_fusion_ranks_by_reciprocal_rank_and_keeps_the_vector_hits_chunk() -> No
 
     lexical = [Hit(m("a"), 0.9), Hit(m("b"), 0.5)]
     vector = [Hit(m("c"), 0.8, 0.8, (3, 9)), Hit(m("b"), 0.7, 0.7, (0, 4))]
-    fused = {c.memory.memory_id: c for c in fuse(lexical, vector, k=60)}
+    fused = {c.memory.memory_id: c for c in fuse([lexical, vector], k=60)}
 
     # b is in both lists (ranks 2 and 2): above a and c, each first in one list only.
     assert fused["b"].relevance == 1.0

@@ -1,4 +1,5 @@
-"""`ctxproxy memory reindex` on a store made before embeddings (schema version 2), both stores.
+"""`ctxproxy memory reindex` on a store made before embeddings (every migration but the
+vectors one), both stores.
 
 The fake upstream serves the embeddings (tests.fakes.embeddings) on a thread of its own, since
 the CLI runs its own event loop.
@@ -61,13 +62,14 @@ def cli(backend: Backend, monkeypatch: pytest.MonkeyPatch,
 
 
 def old_store(backend: Backend, monkeypatch: pytest.MonkeyPatch, n: int) -> list[Memory]:
-    """A store at schema version 2 (before vectors) holding ``n`` episodes and the fact."""
+    """A store at the schema before vectors (every migration but the last) holding ``n``
+    episodes and the fact."""
     records = [Memory(type="episodic", scope=SCOPE, key=f"k{i}", text=f"turn {i}: step {i}")
                for i in range(n)]
     records.append(Memory(type="episodic", scope=SCOPE, key="fact", text=FACT))
     with monkeypatch.context() as m:
-        m.setattr(store_sqlite, "MIGRATIONS", store_sqlite.MIGRATIONS[:2])
-        m.setattr(store_pg, "MIGRATIONS", store_pg.MIGRATIONS[:2])
+        m.setattr(store_sqlite, "MIGRATIONS", store_sqlite.MIGRATIONS[:-1])
+        m.setattr(store_pg, "MIGRATIONS", store_pg.MIGRATIONS[:-1])
         return asyncio.run(_with(backend.make(), lambda s: s.upsert(records)))
 
 
