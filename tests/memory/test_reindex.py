@@ -20,7 +20,10 @@ from tests.fakes import embeddings as fake
 from tests.fakes.server import Running, serve
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend
-from tests.memory.test_cli import Cli, _with
+from tests.memory.test_cli import Cli, _keep_logging, _with
+
+# main() configures the root logger for a real run: each test here gets it back as it was.
+__all__ = ["_keep_logging"]
 
 SCOPE = Scope("svc", "team-a", "agent-1", "u_1")
 MODEL = "fake-embedder"
