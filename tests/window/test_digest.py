@@ -96,7 +96,8 @@ async def test_the_digest_is_the_same_bytes_until_the_next_cut() -> None:
 def test_the_digest_names_what_the_model_wrote_beyond_the_shown_command() -> None:
     # A script written by a heredoc: its command is shown shortened, but the names in it
     # (and in the model's reasoning summary) are what its later commands reuse.
-    script = "cat <<'EOF' > repro_check.py\n" + "x = 1\n" * 60 + "settings.configure(INSTALLED_APPS=[])\nEOF"
+    script = ("cat <<'EOF' > repro_check.py\n" + "x = 1\n" * 60
+              + "settings.configure(INSTALLED_APPS=[])\nEOF")
     turn = [codex.text("user", "task 1: reproduce it"),
             {"type": "reasoning", "id": "rs_1", "encrypted_content": "e",
              "summary": [{"type": "summary_text", "text": "Check the QuerySetIterator first"}]},
