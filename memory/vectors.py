@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memory.model import Scope
-from memory.turns import INDENT
+from memory.turns import INDENT, TURN_CHARS
 
 __all__ = [
     "CHUNK_CHARS", "MAX_CHUNKS", "REREAD", "Match", "VectorIndex", "VectorRow", "chunks",
@@ -28,8 +28,12 @@ __all__ = [
     "pack", "unpack",
 ]
 
-CHUNK_CHARS = 1000  # about 250 tokens: what a small embedding model reads of a text
-MAX_CHUNKS = 16  # a huge output's tail stays lexical only: its embedding would cost too much
+# About 130 tokens: shown whole with its turn's prompt within a snippet's budget
+# (memory.snippets.SNIPPET_TOKENS), and well within what a small embedding model reads.
+CHUNK_CHARS = 480
+# An episode is rendered to at most TURN_CHARS: all of it can be found by meaning (a whole
+# 64k-character turn costs 133 short embeddings, about 17k tokens).
+MAX_CHUNKS = TURN_CHARS // CHUNK_CHARS
 SCOPES_CACHED = 32
 # PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
 # already read. Its refresh looks this many seqs back again (by seq alone, then reads the rows

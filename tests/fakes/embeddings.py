@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-DIM = 256
+DIM = 1024
 SYNONYMS = (
     {"release", "releases", "ship", "shipping", "train", "publish", "cadence"},
     {"tuesday", "tuesdays", "fortnight", "fortnightly", "biweekly", "weekday"},

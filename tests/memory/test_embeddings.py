@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -147,7 +148,7 @@ def test_a_short_text_is_one_chunk_and_a_blank_one_none() -> None:
 
 
 def test_a_long_text_is_cut_into_whole_lines_within_the_chunk_size() -> None:
-    lines = [f"line {n}: " + "word " * (n % 40) for n in range(300)]
+    lines = [f"line {n}: " + "word " * (n % 40) for n in range(2000)]
     text = "\n".join(lines)
     spans = chunks(text)
     assert len(spans) == MAX_CHUNKS
@@ -244,3 +245,42 @@ def test_the_vector_copy_picks_up_a_row_committed_below_the_newest_it_read() -> 
 
     top = index.top(SCOPE, "m", np.asarray([0, 1], dtype=np.float32), 2)
     assert [(m.memory_id, round(m.similarity, 3)) for m in top] == [("b", 1.0), ("a", 0.0)]
+
+
+async def test_a_match_deep_in_a_long_output_is_recalled_as_that_chunks_lines(
+    tmp_path: Path,
+) -> None:
+    from memory.recall import Recaller, Weights
+    from memory.store_sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    try:
+        noise = "  build step: compiled module without warnings\n" * 300
+        text = ("User: check the build log\nTool call exec_command: cat build.log\n"
+                "Tool output exec_command: " + noise
+                + "  note from the lead: we ship every second Tuesday\n" + noise)
+        (episode,) = await store.upsert([episode_with(text)])
+        embedder = CountingEmbedder()
+        await Indexer(store, embedder, batch=8, timeout_s=1).index([episode])
+        recall = Recaller(store, weights=Weights(), k=5, budget=1200,
+                          cost=lambda m: len(m.text) // 4, overhead=lambda kind: 10,
+                          # The fake's bag of words is diluted by a chunk's other lines.
+                          embedder=embedder, min_similarity=0.01)
+
+        got, mode = await recall.recall_mode(
+            SCOPE, "", "What did we agree on for the release cadence?", window=(),
+            exclude=(), budget=1200, now=episode.created_at, min_score=0.25)
+    finally:
+        await store.close()
+
+    assert mode == "hybrid"
+    assert [m.memory_id for m in got] == [episode.memory_id]
+    shown = got[0].text
+    assert shown.startswith("User: check the build log")
+    assert "we ship every second Tuesday" in shown
+    assert len(shown) < len(text) // 10  # the chunk's lines, not the whole output
+
+
+def episode_with(text: str) -> Memory:
+    return Memory(type="episodic", scope=SCOPE, key="long", text=text, session_id="other")
