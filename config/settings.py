@@ -212,6 +212,33 @@ class Settings(BaseSettings):
         "derives it again.",
     )
 
+    # --- embeddings (hybrid recall) ------------------------------------------------------
+    embeddings_url: str | None = Field(
+        None,
+        description="Base URL of an OpenAI-compatible embeddings API (POST URL/embeddings: "
+        "OpenAI, Ollama, vLLM, llama.cpp, TEI); unset: recall stays lexical.",
+    )
+    embeddings_model: str = Field(
+        "text-embedding-3-small", description="The embedding model asked for."
+    )
+    embeddings_api_key: SecretStr | None = Field(
+        None, description="Bearer key for the embeddings API; unset: none is sent."
+    )
+    embeddings_timeout_ms: int = Field(
+        300, gt=0,
+        description="How long a turn waits for its question's embedding before recalling "
+        "lexically (ingest batches get ten times this).",
+    )
+    embeddings_batch: int = Field(
+        32, ge=1, le=2048, description="Texts per embeddings call at ingest and reindex."
+    )
+    embeddings_min_similarity: float = Field(
+        0.2, ge=-1, le=1,
+        description="Cosine similarity a memory found by its meaning but not by the "
+        "question's words (RECALL_MIN_SCORE) needs to be recalled; model-dependent (with "
+        "all-MiniLM-L6-v2 a paraphrased fact scores 0.05-0.43, median 0.28).",
+    )
+
     @field_validator("upstream_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -220,6 +247,13 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("embeddings_url")
+    @classmethod
+    def _embeddings_url(cls, value: str | None) -> str | None:
+        if not value:  # set but empty means unset: recall stays lexical
+            return None
+        return cls._http_url(value)
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from config import Settings
 from injectors.redact import redact
 from memory import forget as forget_
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError, user_ref
+from memory.reindex import reindex
 from memory.stores import make_store
 
 __all__ = ["register"]
@@ -83,6 +84,10 @@ def register(commands: Any) -> None:
                    help="also replace the lines they quote in other memories of their scope "
                         "with [FORGOTTEN]")
     p.set_defaults(func=_runner(_forget))
+
+    p = sub.add_parser("reindex", help="embed the memories that have no vector yet "
+                       "(CTXPROXY_EMBEDDINGS_URL); resumable")
+    p.set_defaults(func=_runner(reindex))
 
     p = sub.add_parser("export", help="write memories as JSON lines")
     _filters(p)

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from memory.cpu import Offload
@@ -327,9 +327,11 @@ class Distiller:
     def __init__(
         self, store: Store, *, threshold: float, interval_s: float, health: Health,
         offload: Offload = asyncio.to_thread,
+        on_written: Callable[[Sequence[Memory]], None] = lambda memories: None,
     ) -> None:
         self._store = store
         self._offload = offload
+        self._on_written = on_written  # the records as stored (embedding, memory.indexer)
         self._threshold = threshold
         self._interval_s = interval_s
         self._health = health
@@ -396,6 +398,7 @@ class Distiller:
         if writes:
             # A forgotten claim (a tombstone) is not written: it is not counted either.
             writes = await self._store.upsert(writes)
+            self._on_written(writes)
             if writes:
                 log.info("distilled %d semantic memories", len(writes))
         return len(writes)

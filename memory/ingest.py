@@ -60,9 +60,11 @@ class Ingester:
         on_new: Callable[[Scope], None] = lambda s: None,
         *,
         offload: Offload = asyncio.to_thread,
+        on_written: Callable[[Sequence[Memory]], None] = lambda memories: None,
     ) -> None:
         self._store = store
         self._on_new = on_new
+        self._on_written = on_written  # the records as stored (embedding, memory.indexer)
         self._offload = offload
         # (scope, session) -> {turn key: in_window as stored}
         self._known: OrderedDict[tuple[Scope, str], dict[str, bool]] = OrderedDict()
@@ -90,6 +92,7 @@ class Ingester:
         changed = await self._offload(episodes, scope, session, todo, now=now) if todo else []
         if changed:
             stored_now = await self._store.upsert(changed)
+            self._on_written(stored_now)
             await self._supersede(scope, session, stored_now, answer)
         if changed or stored:
             self._remember(where, {**before, **{m.key: m.in_window for m in changed}})

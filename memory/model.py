@@ -7,13 +7,19 @@ backend.
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from request import user_digest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from memory.vectors import VectorRow
 
 MemoryType = Literal["working", "episodic", "semantic"]
 MEMORY_TYPES: tuple[MemoryType, ...] = ("working", "episodic", "semantic")
@@ -73,10 +79,14 @@ class Memory:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """A search result: the memory and its full-text relevance (higher is better, > 0)."""
+    """A search result: the memory and its relevance (higher is better, > 0). A hit of the
+    vector search also has the cosine ``similarity`` of its best chunk and that chunk's
+    character ``span`` in the text."""
 
     memory: Memory
     relevance: float
+    similarity: float | None = None
+    span: tuple[int, int] | None = None
 
 
 class StoreError(Exception):
@@ -133,3 +143,33 @@ class Store(Protocol):
     ) -> dict[str, bool]:
         """Which of ``keys`` (of this scope and ``kind``) are stored: each one's ``in_window`` as
         stored. Expired records count: it answers whether a write would change anything."""
+
+    # --- vectors (hybrid recall; see memory.vectors) ---------------------------------------
+
+    async def put_vectors(self, rows: Sequence[VectorRow]) -> None:
+        """Replace the vectors of each memory in ``rows`` under its model with its rows (none
+        for a memory that is gone). A memory whose text changes loses its vectors."""
+
+    async def cached_vectors(self, model: str, digests: Sequence[str]) -> dict[str, bytes]:
+        """The stored vectors of these chunk digests under ``model``, by digest."""
+
+    async def unembedded(
+        self, model: str, *, after: str = "", limit: int = 100
+    ) -> builtins.list[Memory]:
+        """Episodic and semantic memories with no vector under ``model``, by memory_id
+        above ``after`` (a cursor: resumable), at most ``limit``."""
+
+    async def count_unembedded(self, model: str) -> int: ...
+
+    async def vector_search(
+        self,
+        scope: Scope,
+        vector: np.ndarray,
+        model: str,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> builtins.list[Hit]:
+        """The memories of ``scope`` nearest ``vector`` (a unit vector of ``model``), best
+        first, each with its best chunk's similarity and span; expired ones skipped."""

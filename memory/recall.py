@@ -27,14 +27,19 @@ import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
 
 from config import Settings
 from memory.cpu import Offload
-from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
-from memory.snippets import SNIPPET_TOKENS, lines_of, questions, snippet
+from memory.embed import Embedder, EmbedError
+from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
+from memory.snippets import GAP, SNIPPET_TOKENS, lines_of, questions, snippet
 
 __all__ = [
-    "Candidate", "Recaller", "Weights", "decay", "mentioned_ids", "score", "select",
+    "Candidate", "Mode", "Recaller", "Weights", "decay", "fuse", "mentioned_ids", "score",
+    "select",
 ]
 
 DAY = 86400.0
@@ -52,6 +57,10 @@ RECENT_LIMIT = 2  # the session's latest turns before the window: what was just 
 SEARCH_LIMIT = 20
 STANDING_LIMIT = 200
 MAX_MENTIONED = 5
+RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al.): flattens the top ranks
+VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
+
+Mode = Literal["lexical", "hybrid", "lexical-degraded"]
 
 _MEMORY_ID = re.compile(r"\bmem_[0-9a-hjkmnp-tv-z]{26}\b")
 
@@ -74,6 +83,24 @@ class Weights:
 class Candidate:
     memory: Memory
     relevance: float
+    similarity: float | None = None  # found by meaning: its best chunk's cosine similarity
+    span: tuple[int, int] | None = None  # and where that chunk stands in the text
+
+
+def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
+    """Reciprocal rank fusion of full-text and vector rankings: each memory scores the sum
+    of 1 / (k + rank) over the rankings it is in, scaled so the best has 1. Ranks, not
+    scores: BM25 and cosine similarity are on scales that do not compare."""
+    scores: dict[str, float] = {}
+    first: dict[str, Hit] = {}  # the hit of the vector ranking when a memory is in both
+    for hits in rankings:
+        for rank, hit in enumerate(hits):
+            memory_id = hit.memory.memory_id
+            scores[memory_id] = scores.get(memory_id, 0.0) + 1.0 / (k + rank + 1)
+            if memory_id not in first or hit.similarity is not None:
+                first[memory_id] = hit
+    top = max(scores.values(), default=1.0)
+    return [Candidate(h.memory, scores[i] / top, h.similarity, h.span) for i, h in first.items()]
 
 
 def decay(memory: Memory, now: float) -> float:
@@ -158,8 +185,16 @@ class Recaller:
         overhead: Callable[[MemoryType], int],
         snippet_tokens: int = SNIPPET_TOKENS,
         offload: Offload = asyncio.to_thread,
+        embedder: Embedder | None = None,
+        query_timeout_s: float = 0.3,
+        min_similarity: float = 0.2,
+        on_degraded: Callable[[Exception], None] = lambda exc: None,
     ) -> None:
         self._store = store
+        self._embedder = embedder
+        self._query_timeout_s = query_timeout_s
+        self.min_similarity = min_similarity
+        self._on_degraded = on_degraded
         self._offload = offload
         self.weights = weights
         self.k = k
@@ -229,12 +264,34 @@ class Recaller:
         [] when nothing matches ``min_score`` of the question's words. ``shown``: the lines of
         memories the window still shows (earlier recall messages); a snippet showing nothing
         more of its memory is left out."""
+        memories, _ = await self.recall_mode(
+            scope, session, query, window=window, exclude=exclude, budget=budget, now=now,
+            min_score=min_score, shown=shown,
+        )
+        return memories
+
+    async def recall_mode(
+        self,
+        scope: Scope,
+        session: str,
+        query: str,
+        *,
+        window: Collection[str],
+        exclude: Collection[str],
+        budget: int,
+        now: float,
+        min_score: float = 0.0,
+        shown: Mapping[str, Collection[str]] | None = None,
+    ) -> tuple[list[Memory], Mode]:
+        """``recall``, and how it searched: ``hybrid`` (full text and meaning, fused),
+        ``lexical`` (no embeddings configured) or ``lexical-degraded`` (the embeddings
+        endpoint or the vector search failed this turn)."""
         if self.k <= 0 or budget <= 0:
-            return []
+            return [], "lexical"
         # A long prompt is searched as a whole and by each of its questions: the words of
         # the question are what the memory shares, the rest says what the task is about.
         asked = await self._offload(questions, query)
-        found, recent = await asyncio.gather(
+        found, recent, (near, mode) = await asyncio.gather(
             asyncio.gather(*(
                 self._store.search(scope, q, types=["episodic", "semantic"],
                                    limit=SEARCH_LIMIT, now=now)
@@ -243,6 +300,7 @@ class Recaller:
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
                              now=now),
+            self._nearest(scope, query, now),
         )
         hits = [h for part in found for h in part]
         ids = await self._offload(mentioned_ids, query)
@@ -252,18 +310,44 @@ class Recaller:
             # get() looks across every scope: never let another scope's memory through.
             if memory is not None and memory.scope == scope and _alive(memory, now):
                 candidates.append(Candidate(memory, MENTIONED))
-        top = max((h.relevance for h in hits), default=0.0)
-        for hit in hits:
-            if _outside(hit.memory, window):
-                candidates.append(Candidate(hit.memory, hit.relevance / top))
+        if mode == "hybrid":
+            # Each search is a ranking of its own: the whole prompt's, each question's, and
+            # the vector search's.
+            candidates += fuse([[h for h in ranking if _outside(h.memory, window)]
+                                for ranking in [*found, near]])
+        else:
+            top = max((h.relevance for h in hits), default=0.0)
+            for hit in hits:
+                if _outside(hit.memory, window):
+                    candidates.append(Candidate(hit.memory, hit.relevance / top))
         latest = sorted((m for m in recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
         # Snippets and token counts scan the memories' text: in a worker, not on the loop.
-        return await self._offload(
+        picked = await self._offload(
             self._pick, candidates, query, session=session, exclude=exclude,
             shown=shown or {}, min_score=min_score, budget=budget, now=now,
         )
+        return picked, mode
+
+    async def _nearest(self, scope: Scope, query: str, now: float) -> tuple[list[Hit], Mode]:
+        """The memories nearest the question's meaning; none, and why, when that fails."""
+        if self._embedder is None or not query.strip():
+            return [], "lexical"
+        # A long prompt is about its questions: embedded as those (a model reads only its
+        # first few hundred tokens anyway).
+        asked = " ".join(questions(query)) or query
+        try:
+            vectors = await self._embedder.embed([asked], timeout_s=self._query_timeout_s)
+            vector: np.ndarray = vectors[0]
+            near = await self._store.vector_search(
+                scope, vector, self._embedder.model, types=VECTOR_TYPES, limit=SEARCH_LIMIT,
+                now=now,
+            )
+        except (EmbedError, StoreError) as exc:
+            self._on_degraded(exc)
+            return [], "lexical-degraded"
+        return near, "hybrid"
 
     def _pick(
         self,
@@ -289,12 +373,32 @@ class Recaller:
             if memory.memory_id not in views:
                 views[memory.memory_id] = self.view(memory, query)
             view, match = views[memory.memory_id]
-            if c.relevance < MENTIONED and match < min_score:
+            near = c.similarity is not None and c.similarity >= self.min_similarity
+            if c.relevance < MENTIONED and match < min_score and not near:
                 continue
+            if near and match < min_score and c.span is not None:
+                # Found by meaning, not by the question's words: show the chunk that matched.
+                view = self.chunk_view(memory, c.span)
             if lines_of(view.text) <= set(shown.get(memory.memory_id, ())):
                 continue  # an earlier recall message in the window shows this already
             chosen.append(Candidate(view, c.relevance))
         return self.choose(chosen, budget, now)
+
+    def chunk_view(self, memory: Memory, span: tuple[int, int]) -> Memory:
+        """``memory`` shown as its first line (the turn's prompt) and the lines of the chunk
+        at ``span``, within the snippet budget."""
+        text = memory.text
+        head = text.split("\n", 1)[0]
+        start, end = span
+        if start <= len(head):
+            part = text[:end]
+        else:
+            part = head + "\n" + GAP + "\n" + text[start:end].strip("\n")
+        if end < len(text):
+            part += "\n" + GAP
+        # No question words to go by: snippet() keeps the first lines that fit.
+        cut = snippet(part, "", self.snippet_tokens)
+        return memory if cut.text == text else replace(memory, text=cut.text)
 
     def view(self, memory: Memory, query: str) -> tuple[Memory, float]:
         """``memory`` as a recall block shows it for ``query`` (its snippet; not stored), and

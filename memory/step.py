@@ -65,6 +65,7 @@ class Prepared:
     recalled: int = 0
     degraded: bool = False
     message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
+    mode: str | None = None  # how recall searched (memory.recall.Mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,7 @@ class MemoryStep:
         recall_seconds: Histogram | None = None,
         recalled: Counter | None = None,
         offload: Offload = asyncio.to_thread,
+        recall_modes: Counter | None = None,
     ) -> None:
         self._settings = settings
         self._budget_s = settings.memory_timeout_ms / 1000
@@ -141,6 +143,7 @@ class MemoryStep:
         self._health = health
         self._recall_seconds = recall_seconds
         self._recalled = recalled
+        self._recall_modes = recall_modes  # labelled by mode
         self._offload = offload
         # The newest turn of each request waiting for its answer (see ``answered``), by the
         # request's Notes: the one object the relay and this step both see. The entry holds
@@ -188,6 +191,8 @@ class MemoryStep:
         if prepared.degraded:
             ex.notes.memory_degraded = True
         ex.notes.memory_recalled = prepared.recalled
+        if prepared.mode is not None:
+            ex.notes.recall_mode = prepared.mode
         self._apply(ex, prepared, scope, session)
 
     def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
@@ -260,6 +265,7 @@ class MemoryStep:
             standing = await self._standing_for(scope, own, window, now)
             used = await self._offload(self._recaller.cost, standing) if standing else 0
             newest = self._shown.get(forwarded[-1][1]) if forwarded else None
+            mode: str | None = None
             if newest is not None:  # this turn recalled already (a retry, another turn id)
                 recalled: list[Memory] = []
             else:
@@ -267,7 +273,7 @@ class MemoryStep:
                 for shown in kept:
                     for memory_id, lines in shown.lines if shown is not None else ():
                         seen.setdefault(memory_id, set()).update(lines)
-                recalled = await self._recaller.recall(
+                recalled, mode = await self._recaller.recall_mode(
                     scope, own, turns[-1].user, window=whole,
                     exclude={m.memory_id for m in standing}, shown=seen,
                     budget=self._recaller.budget - used, now=now,
@@ -282,6 +288,8 @@ class MemoryStep:
                 self._recall_seconds.observe(time.perf_counter() - start)
         if self._recalled is not None:
             self._recalled.inc(len(standing) + len(recalled))
+        if self._recall_modes is not None and mode is not None:
+            self._recall_modes.labels(mode).inc()
         standing_text, recall_text, recall_lines = await self._offload(
             _texts, standing, recalled
         )
@@ -296,6 +304,7 @@ class MemoryStep:
             recall=recall_text,
             recalled=len(standing) + len(recalled),
             message=message,
+            mode=mode,
         )
 
     def _remember(self, key: TurnKey, shown: Shown) -> None:

@@ -8,12 +8,15 @@ Every driver error leaves this module as ``StoreError``.
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
@@ -21,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, bound
+from memory.vectors import REREAD, VectorIndex, VectorRow
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 
@@ -105,6 +109,37 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                    FOR EACH ROW EXECUTE FUNCTION memories_forgotten()""",
         ),
     ),
+    (
+        4,
+        (
+            # Hybrid recall: each chunk's vector (memory.vectors), cached by its digest; gone
+            # with its memory, and with its text when that changes. seq only grows (though
+            # not in commit order: memory.vectors reads a stretch back again).
+            """
+            CREATE TABLE memory_vectors (
+                seq       bigserial PRIMARY KEY,
+                memory_id text NOT NULL REFERENCES memories (memory_id) ON DELETE CASCADE,
+                chunk     integer NOT NULL,
+                start_at  integer NOT NULL,
+                end_at    integer NOT NULL,
+                model     text NOT NULL,
+                digest    text NOT NULL,
+                vector    bytea NOT NULL,
+                UNIQUE (memory_id, model, chunk)
+            )
+            """,
+            "CREATE INDEX memory_vectors_digest ON memory_vectors (model, digest)",
+            """CREATE FUNCTION ctxproxy_memory_text_changed() RETURNS trigger
+               LANGUAGE plpgsql AS $$
+               BEGIN
+                   DELETE FROM memory_vectors WHERE memory_id = NEW.memory_id;
+                   RETURN NEW;
+               END $$""",
+            """CREATE TRIGGER memories_text_changed AFTER UPDATE OF text ON memories
+               FOR EACH ROW WHEN (OLD.text IS DISTINCT FROM NEW.text)
+               EXECUTE FUNCTION ctxproxy_memory_text_changed()""",
+        ),
+    ),
 )
 _FORGET = """
 WITH gone AS (
@@ -179,6 +214,17 @@ ORDER BY coverage DESC, score DESC, m.updated_at DESC, m.memory_id DESC
 LIMIT %(limit)s
 """
 _STATS_TTL_S = 300.0
+_VECTOR_SEQS = """
+SELECT v.seq FROM memory_vectors v JOIN memories m ON m.memory_id = v.memory_id
+WHERE v.seq > %(since)s AND v.model = %(model)s AND m.service_id = %(service_id)s
+  AND m.team_id = %(team_id)s AND m.agent_id = %(agent_id)s AND m.user_ref = %(user_ref)s
+"""
+_VECTOR_ROWS = """
+SELECT seq, memory_id, chunk, start_at, end_at, vector FROM memory_vectors
+WHERE seq = ANY(%(seqs)s) ORDER BY seq
+"""
+_UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NOT EXISTS (
+    SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id AND v.model = %s)"""
 # Retried: two replicas writing the same keys can still meet in a deadlock or a
 # serialization failure; a second try then succeeds.
 _RETRY_SQLSTATES = frozenset({"40P01", "40001"})
@@ -194,6 +240,7 @@ class PostgresStore:
         self._timeout_s = timeout_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._stats: _Stats | None = None
+        self._vectors = VectorIndex(reread=REREAD)
 
     def __repr__(self) -> str:
         return "PostgresStore(<url>)"
@@ -441,6 +488,119 @@ class PostgresStore:
             )
             rows = await cur.fetchall()
         return {str(key): bool(in_window) for key, in_window in rows}
+
+    # --- vectors -------------------------------------------------------------------------------
+
+    async def put_vectors(self, rows: Sequence[VectorRow]) -> None:
+        if not rows:
+            return
+        pairs = list(dict.fromkeys((r.memory_id, r.model) for r in rows))
+        async with self._conn() as conn, conn.cursor() as cur:
+            await cur.execute(
+                "DELETE FROM memory_vectors v USING unnest(%s::text[], %s::text[]) AS d(id, model)"
+                " WHERE v.memory_id = d.id AND v.model = d.model",
+                ([p[0] for p in pairs], [p[1] for p in pairs]),
+            )
+            await cur.execute(
+                "INSERT INTO memory_vectors (memory_id, chunk, start_at, end_at, model, digest,"
+                " vector) SELECT r.* FROM unnest(%s::text[], %s::int[], %s::int[], %s::int[],"
+                " %s::text[], %s::text[], %s::bytea[]) AS r(memory_id, chunk, s, e, model,"
+                " digest, vector) WHERE EXISTS"
+                " (SELECT 1 FROM memories m WHERE m.memory_id = r.memory_id)"
+                " ON CONFLICT (memory_id, model, chunk) DO NOTHING",
+                ([r.memory_id for r in rows], [r.chunk for r in rows],
+                 [r.start for r in rows], [r.end for r in rows], [r.model for r in rows],
+                 [r.digest for r in rows], [r.vector for r in rows]),
+            )
+
+    async def cached_vectors(self, model: str, digests: Sequence[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(digests))
+        if not wanted:
+            return {}
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT ON (digest) digest, vector FROM memory_vectors"
+                " WHERE model = %s AND digest = ANY(%s)", (model, wanted),
+            )
+            rows = await cur.fetchall()
+        return {str(d): bytes(v) for d, v in rows}
+
+    async def unembedded(
+        self, model: str, *, after: str = "", limit: int = 100
+    ) -> builtins.list[Memory]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"SELECT {_M_COLUMNS} {_UNEMBEDDED} AND m.memory_id > %s"
+                " ORDER BY m.memory_id LIMIT %s", (model, after, limit),
+            )
+            rows = await cur.fetchall()
+        return [_memory(row) for row in rows]
+
+    async def count_unembedded(self, model: str) -> int:
+        async with self._conn() as conn:
+            cur = await conn.execute(f"SELECT count(*) {_UNEMBEDDED}", (model,))
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def vector_search(
+        self,
+        scope: Scope,
+        vector: np.ndarray,
+        model: str,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> builtins.list[Hit]:
+        if not types or limit <= 0:
+            return []
+        params: dict[str, Any] = {
+            "since": self._vectors.since(scope, model), "model": model,
+            "service_id": scope.service_id, "team_id": scope.team_id,
+            "agent_id": scope.agent_id, "user_ref": scope.user,
+        }
+        async with self._conn() as conn:
+            # A range of the seq index, whatever the statistics say (before ANALYZE has seen
+            # the vectors, the planner read every one of them, 150 MB at 100k).
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            # The seqs first (a look back, see memory.vectors.REREAD), then only the rows of
+            # those not held: the vectors themselves cross the wire once.
+            cur = await conn.execute(_VECTOR_SEQS, params)
+            seqs = self._vectors.unknown(scope, model, [int(r[0]) for r in await cur.fetchall()])
+            fresh: list[Any] = []
+            if seqs:
+                cur = await conn.execute(_VECTOR_ROWS, {"seqs": seqs})
+                fresh = await cur.fetchall()
+        rows = [(int(seq), VectorRow(str(mid), int(chunk), int(a), int(b), model, "", bytes(v)))
+                for seq, mid, chunk, a, b, v in fresh]
+
+        def top() -> builtins.list[Any]:
+            self._vectors.apply(scope, model, rows)
+            # Twice the limit: a match of another type, expired or deleted is dropped below.
+            return self._vectors.top(scope, model, vector, 2 * limit)
+
+        # The matrix product reads every vector of the scope: in a worker, not on the loop.
+        matches = await asyncio.to_thread(top)
+        if not matches:
+            return []
+        at = time.time() if now is None else now
+        async with self._conn() as conn:
+            # By id alone, filtered here: the planner may not take the scope's index for it.
+            cur = await conn.execute(
+                f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id = ANY(%s)"
+                # The copy may hold vectors of a text since changed (not embedded again yet).
+                " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
+                " AND v.model = %s)", ([m.memory_id for m in matches], model),
+            )
+            found = {
+                m.memory_id: m for m in map(_memory, await cur.fetchall())
+                if m.scope == scope and m.type in types
+                and (m.expires_at is None or m.expires_at > at)
+            }
+        return [
+            Hit(found[m.memory_id], max(m.similarity, 1e-9), m.similarity, (m.start, m.end))
+            for m in matches if m.memory_id in found
+        ][:limit]
 
 
 @dataclass(frozen=True, slots=True)

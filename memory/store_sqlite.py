@@ -9,6 +9,7 @@ error leaves this module as ``StoreError``.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import hashlib
 import math
@@ -20,11 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 
 from config.files import private_file
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
+from memory.vectors import Match, VectorIndex, VectorRow
 from memory.words import terms
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
@@ -155,6 +158,33 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         END;
         """,
     ),
+    (
+        5,
+        # Hybrid recall: each chunk's vector (memory.vectors), cached by its digest. The
+        # memory's vectors go with it, and with its text when that changes (the indexer then
+        # embeds it again). seq only grows: a search reads the rows written since its last.
+        """
+        CREATE TABLE memory_vectors (
+            seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+            memory_id  TEXT NOT NULL,
+            chunk      INTEGER NOT NULL,
+            start_at   INTEGER NOT NULL,
+            end_at     INTEGER NOT NULL,
+            model      TEXT NOT NULL,
+            digest     TEXT NOT NULL,
+            vector     BLOB NOT NULL,
+            UNIQUE (memory_id, model, chunk)
+        );
+        CREATE INDEX memory_vectors_digest ON memory_vectors (model, digest);
+        CREATE TRIGGER memories_vectors_ad AFTER DELETE ON memories BEGIN
+            DELETE FROM memory_vectors WHERE memory_id = old.memory_id;
+        END;
+        CREATE TRIGGER memories_vectors_au AFTER UPDATE OF text ON memories
+        WHEN old.text IS NOT new.text BEGIN
+            DELETE FROM memory_vectors WHERE memory_id = old.memory_id;
+        END;
+        """,
+    ),
 )
 
 
@@ -204,6 +234,14 @@ _SUFFIXES = ("ing", "ed", "es", "s", "e")
 _BUSY_TIMEOUT_S = 5.0
 _CACHE_KIB = 32 * 1024
 _KEYS_PER_QUERY = 500  # under SQLite's bound on a statement's parameters
+_VECTORS_SINCE = f"""
+SELECT v.seq, v.memory_id, v.chunk, v.start_at, v.end_at, v.vector
+FROM memory_vectors v CROSS JOIN memories m ON m.memory_id = v.memory_id
+WHERE v.seq > ? AND +v.model = ? AND {_SCOPE_WHERE}  -- by seq (rowid), not the model index
+ORDER BY v.seq
+"""
+_UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NOT EXISTS (
+    SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id AND v.model = ?)"""
 
 
 class SqliteStore:
@@ -213,6 +251,7 @@ class SqliteStore:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._vectors = VectorIndex()
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -450,13 +489,136 @@ class SqliteStore:
 
         return await self._run(stored_)
 
+    # --- vectors -------------------------------------------------------------------------------
+
+    async def put_vectors(self, rows: Sequence[VectorRow]) -> None:
+        if not rows:
+            return
+
+        def put() -> None:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for memory_id, model in dict.fromkeys((r.memory_id, r.model) for r in rows):
+                    db.execute("DELETE FROM memory_vectors WHERE memory_id = ? AND model = ?",
+                               (memory_id, model))
+                db.executemany(
+                    "INSERT INTO memory_vectors (memory_id, chunk, start_at, end_at, model,"
+                    " digest, vector) SELECT ?, ?, ?, ?, ?, ?, ?"
+                    " WHERE EXISTS (SELECT 1 FROM memories WHERE memory_id = ?)",
+                    [(r.memory_id, r.chunk, r.start, r.end, r.model, r.digest, r.vector,
+                      r.memory_id) for r in rows],
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+        await self._run(put)
+
+    async def cached_vectors(self, model: str, digests: Sequence[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(digests))
+        if not wanted:
+            return {}
+
+        def cached() -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            for at in range(0, len(wanted), _KEYS_PER_QUERY):
+                part = wanted[at : at + _KEYS_PER_QUERY]
+                rows = self._db().execute(
+                    "SELECT digest, vector FROM memory_vectors WHERE model = ?"
+                    f" AND digest IN ({', '.join('?' * len(part))})", [model, *part],
+                ).fetchall()
+                out.update((str(d), bytes(v)) for d, v in rows)
+            return out
+
+        return await self._run(cached)
+
+    async def unembedded(
+        self, model: str, *, after: str = "", limit: int = 100
+    ) -> builtins.list[Memory]:
+        sql = (f"SELECT {_M_COLUMNS} {_UNEMBEDDED} AND m.memory_id > ?"
+               " ORDER BY m.memory_id LIMIT ?")
+
+        def unembedded_() -> builtins.list[Memory]:
+            rows = self._db().execute(sql, (model, after, limit)).fetchall()
+            return [_memory(row) for row in rows]
+
+        return await self._run(unembedded_)
+
+    async def count_unembedded(self, model: str) -> int:
+        def count() -> int:
+            row = self._db().execute(f"SELECT count(*) {_UNEMBEDDED}", (model,)).fetchone()
+            return int(row[0])
+
+        return await self._run(count)
+
+    async def vector_search(
+        self,
+        scope: Scope,
+        vector: np.ndarray,
+        model: str,
+        *,
+        types: Sequence[MemoryType] = MEMORY_TYPES,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> builtins.list[Hit]:
+        if not types or limit <= 0:
+            return []
+        at = time.time() if now is None else now
+
+        def fresh() -> builtins.list[tuple[int, VectorRow]]:
+            since = self._vectors.since(scope, model)
+            rows = self._db().execute(_VECTORS_SINCE, (since, model, *_scope(scope)))
+            return [(int(seq), VectorRow(str(mid), int(chunk), int(a), int(b), model, "",
+                                         bytes(vec)))
+                    for seq, mid, chunk, a, b, vec in rows.fetchall()]
+
+        def top(rows: builtins.list[tuple[int, VectorRow]]) -> builtins.list[Match]:
+            self._vectors.apply(scope, model, rows)
+            # Twice the limit: a match of another type, expired or deleted is dropped later.
+            return self._vectors.top(scope, model, vector, 2 * limit)
+
+        # The matrix product in a worker of its own: the store's thread meanwhile serves the
+        # full-text search recall runs beside it.
+        matches = await asyncio.to_thread(top, await self._run(fresh))
+        if not matches:
+            return []
+        return await self._run(self._found, scope, matches, model, list(types), limit, at)
+
+    def _found(
+        self, scope: Scope, matches: builtins.list[Match], model: str,
+        types: builtins.list[str], limit: int, now: float,
+    ) -> builtins.list[Hit]:
+        db = self._db()
+        marks = ", ".join("?" * len(matches))
+        # Looked up by id alone and filtered here: with the scope in the statement, SQLite
+        # would walk the scope's index (tens of thousands of rows) instead.
+        rows = db.execute(
+            f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id IN ({marks})"
+            # The copy may hold vectors of a text since changed (and not embedded again yet).
+            " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
+            " AND v.model = ?)",
+            [*(m.memory_id for m in matches), model],
+        ).fetchall()
+        found = {
+            m.memory_id: m for m in map(_memory, rows)
+            if m.scope == scope and m.type in types
+            and (m.expires_at is None or m.expires_at > now)
+        }
+        return [
+            Hit(found[m.memory_id], max(m.similarity, 1e-9), m.similarity, (m.start, m.end))
+            for m in matches if m.memory_id in found
+        ][:limit]
+
 
 # --- helpers -----------------------------------------------------------------------------------
 
 
 def _json_rows(
     db: sqlite3.Connection, sql: str, params: Sequence[Any] | dict[str, Any], columns: str
-) -> list[list[Any]]:
+) -> list[builtins.list[Any]]:
     """The rows of ``sql`` (its ``columns``), in one JSON array: each row crossing into
     Python is a turn of the GIL, and under load the event loop holds it for long."""
     names = ", ".join(
@@ -598,7 +760,7 @@ def _candidates_sql(
 
 def _rerank(
     candidates: Sequence[tuple[Memory, set[int]]], words: Sequence[str], idf: Sequence[float]
-) -> list[Hit]:
+) -> builtins.list[Hit]:
     """The best candidates again, by BM25 with the term frequencies read from their text
     (a record that says a word twice is likelier about it)."""
     folded = [_fold(w) for w in words]

@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from injectors import memory_blocks, tokens
 from memory.cpu import Pool
 from memory.distill import Distiller
+from memory.embed import embedder_from
 from memory.health import Health
+from memory.indexer import Indexer
 from memory.ingest import Ingester
 from memory.model import Memory, Store, StoreError
 from memory.queue import WriteQueue
@@ -39,6 +42,7 @@ class Runtime:
     health: Health
     pool: Pool  # the side's CPU work, off the event loop
     opening: asyncio.Task[None] | None = None  # retrying a store that failed to open
+    indexer: Indexer | None = None  # embeddings on (CTXPROXY_EMBEDDINGS_URL)
 
 
 MEMORY = web.AppKey("memory", Runtime)
@@ -90,6 +94,14 @@ async def _keep_opening(store: Store, health: Health) -> None:
         return
 
 
+def _count_embedded(counter: Counter) -> Callable[[int, int], None]:
+    def count(embedded: int, cached: int) -> None:
+        counter.labels("embedded").inc(embedded)
+        counter.labels("cached").inc(cached)
+
+    return count
+
+
 async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     health = Health(lambda: metrics.degraded.labels("memory").inc())
@@ -107,9 +119,18 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         on_drop=lambda reason: metrics.queue_dropped.labels(reason).inc(),
     )
     pool = Pool()
+    embedder = embedder_from(settings)
+    indexer = None
+    if embedder is not None:
+        indexer = Indexer(
+            store, embedder, batch=settings.embeddings_batch,
+            timeout_s=settings.embeddings_timeout_ms / 1000, health=health,
+            on_embedded=_count_embedded(metrics.embedded),
+        )
+    written = indexer.notify if indexer is not None else (lambda memories: None)
     distiller = Distiller(
         store, threshold=settings.semantic_threshold, interval_s=settings.distill_interval_s,
-        health=health, offload=pool.background,
+        health=health, offload=pool.background, on_written=written,
     )
     recaller = Recaller(
         store,
@@ -119,23 +140,31 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         cost=_cost,
         overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)),
         offload=pool.run,
+        embedder=embedder,
+        query_timeout_s=settings.embeddings_timeout_ms / 1000,
+        min_similarity=settings.embeddings_min_similarity,
+        on_degraded=lambda exc: health.failed("embeddings", exc),
     )
     memory_step = MemoryStep(
         settings,
         working=Working(store, queue, settings.working_ttl_s, offload=pool.run),
-        ingester=Ingester(store, on_new=distiller.notify, offload=pool.background),
+        ingester=Ingester(store, on_new=distiller.notify, offload=pool.background,
+                          on_written=written),
         recaller=recaller,
         queue=queue,
         health=health,
         recall_seconds=metrics.recall_seconds,
         recalled=metrics.recall_hits,
         offload=pool.run,
+        recall_modes=metrics.recall_modes,
     )
     # The tokenizer loads in most of a second: now, off the loop, not on the first turn.
     await asyncio.to_thread(tokens.encoding_name)
     queue.start()
     distiller.start()
-    app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen)
+    if indexer is not None:
+        indexer.start()
+    app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen, indexer)
     app[ANSWERED] = _answered(memory_step)
     try:
         yield
@@ -147,5 +176,9 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         await memory_step.close()
         await queue.close()
         await distiller.close()
+        if indexer is not None:
+            await indexer.close()
+        if embedder is not None:
+            await embedder.aclose()
         await store.close()
         pool.close()

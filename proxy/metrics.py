@@ -52,6 +52,17 @@ class Metrics:
         self.recall_hits = Counter(
             "ctxproxy_memory_recalled", "Memories injected by recall.", registry=r
         )
+        self.recall_modes = Counter(
+            "ctxproxy_memory_recall_mode",
+            "User turns recalled, by how: hybrid (full text and embeddings), lexical (no "
+            "embeddings configured), lexical-degraded (the embeddings endpoint or vector "
+            "search failed that turn).", ["mode"], registry=r,
+        )
+        self.embedded = Counter(
+            "ctxproxy_memory_embedded",
+            "Memory chunks indexed for hybrid recall: embedded (an embeddings call) or cached "
+            "(the same text's vector found by its digest).", ["source"], registry=r,
+        )
         self.queue_depth = Gauge(
             "ctxproxy_ingest_queue_depth", "Memory writes waiting.", registry=r
         )

