@@ -548,7 +548,7 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
                 seed_knowledge(data_dir, strategy.settings["team_id"])
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
                                      log_level="WARNING", **strategy.settings)
-            async with serving(build_app(settings)) as proxy_url:
+            async with serving(build_app(settings, clock=clock)) as proxy_url:
                 seen = await replay(http, proxy_url + "/v1", session, shapes, clock,
                                     AutoCompact(limit=limit))
     billed = [{"input": b.input_tokens, "cached": b.cached_tokens}

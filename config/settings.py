@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,8 @@ ENV_PREFIX = "CTXPROXY_"
 NOT_SETTINGS_PREFIXES = ("CTXPROXY_TEST_", "CTXPROXY_E2E_")
 STORE_SCHEMES = ("postgresql://", "postgres://")
 SERVICE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
+_NUMBER = r"\d+(?:\.\d+)?"
+_PRICE = re.compile(rf"^[^=,\s][^=,]*={_NUMBER}/{_NUMBER}(?:/{_NUMBER})?$")
 
 
 def _default_data_dir() -> Path:
@@ -197,6 +200,21 @@ class Settings(BaseSettings):
         "derives it again.",
     )
 
+    # --- stats: the request ledger (ctxproxy stats, /ui) -------------------------------------
+    stats_enabled: bool = Field(
+        True,
+        description="Keep a row of numbers per /v1/responses request (tokens, cuts, recalls, "
+        "no prompt text) in the store, for `ctxproxy stats` and /ui.",
+    )
+    stats_retention_days: float = Field(
+        30.0, ge=0, description="Days the request rows are kept; 0: kept for ever."
+    )
+    prices: str | None = Field(
+        None,
+        description="Model prices for the cost estimates, USD per 1M tokens, on top of the "
+        "built-in table: model=input/cached[/cache-write],... (e.g. gpt-5=1.25/0.125).",
+    )
+
     @field_validator("upstream_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -228,6 +246,14 @@ class Settings(BaseSettings):
                 "must start with postgresql:// or postgres:// (unset: the local SQLite store)"
             )
         return value
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_format(cls, value: str | None) -> str | None:
+        for entry in (e.strip() for e in (value or "").split(",")):
+            if entry and not _PRICE.match(entry):
+                raise ValueError(f"{entry!r} is not model=input/cached[/cache-write]")
+        return value or None
 
     @field_validator("client_keys")
     @classmethod

@@ -63,6 +63,7 @@ class Prepared:
     standing: str = ""  # the slow blocks (working, semantic)
     recall: str = ""  # this turn's recall
     recalled: int = 0
+    ids: tuple[str, ...] = ()  # the memories shown, standing then recalled
     degraded: bool = False
     message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
 
@@ -188,6 +189,8 @@ class MemoryStep:
         if prepared.degraded:
             ex.notes.memory_degraded = True
         ex.notes.memory_recalled = prepared.recalled
+        if prepared.ids:
+            ex.notes.memory_ids = prepared.ids
         self._apply(ex, prepared, scope, session)
 
     def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
@@ -290,6 +293,7 @@ class MemoryStep:
             standing=standing_text,
             recall=recall_text,
             recalled=len(standing) + len(recalled),
+            ids=tuple(m.memory_id for m in (*standing, *recalled)),
             message=message,
         )
 

@@ -52,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command_modules() -> list[Any]:
     from knowledge import cli as knowledge_cli
+    from ledger import cli as ledger_cli
     from memory import cli as memory_cli
 
-    return [knowledge_cli, memory_cli]
+    return [knowledge_cli, memory_cli, ledger_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
