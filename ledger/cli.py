@@ -15,7 +15,7 @@ from rich.table import Table
 from config import Settings
 from ledger.model import GROUPS, Group, LedgerError, Totals
 from ledger.prices import Prices
-from ledger.report import ESTIMATE_NOTE, Row, parse_since, summarize, total
+from ledger.report import ESTIMATE_NOTE, parse_since, percent, summarize, tokens, total, usd
 from ledger.stores import make_ledger
 
 __all__ = ["register", "stats"]
@@ -77,7 +77,8 @@ def stats(totals: Sequence[Totals], prices: Prices, *, by: str, since: float | N
 
 
 def _table(report: dict[str, Any], args: argparse.Namespace) -> None:
-    console = Console()
+    # Piped output (no terminal) is not squeezed to 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     rows = report["rows"]
     if not rows:
         scope = f"session {args.session}" if args.session else "any session"
@@ -85,52 +86,28 @@ def _table(report: dict[str, Any], args: argparse.Namespace) -> None:
                       "each /v1/responses request it serves (CTXPROXY_STATS_ENABLED).")
         return
     table = Table(title=f"ctxproxy: requests since {args.since}, by {args.by}",
-                  caption="Costs: input only, USD; direct is an estimate (see --help).")
-    for name, justify in (
-        (args.by, "left"), ("requests", "right"), ("client tokens", "right"),
-        ("forwarded", "right"), ("upstream input", "right"), ("cached", "right"),
-        ("direct cost", "right"), ("proxy cost", "right"), ("saving", "right"),
-        ("cut", "right"), ("masked", "right"), ("recalled", "right"), ("degraded", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+                  caption="Tokens: sent by the client, forwarded upstream, cached by the "
+                  "upstream. Costs: input only, USD; direct is an estimate (see --help).")
+    table.add_column(args.by)
+    for name in ("requests", "sent", "forwarded", "cached", "direct cost", "proxy cost",
+                 "saving", "cut", "masked", "recalled", "degraded"):
+        table.add_column(name, justify="right")
     for row in [*rows, report["total"]]:
-        table.add_row(*_cells(row), end_section=row is rows[-1])
+        table.add_row(*cells(row), end_section=row is rows[-1])
     console.print(table)
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
+def cells(row: dict[str, Any]) -> list[str]:
+    """One row of the table, from its JSON."""
+    forwarded = tokens(row["forwarded_tokens"])
+    if row["client_tokens"]:
+        forwarded += f" ({row['forwarded_tokens'] / row['client_tokens']:.0%})"
+    saving = usd(row["saving"])
+    if row["saving_share"] is not None:
+        saving += f" ({row['saving_share']:.0%})"
     return [
-        str(row["key"]), f"{row['requests']:,}", f"{row['client_tokens']:,}",
-        _share(row["forwarded_tokens"], row["client_tokens"]),
-        f"{row['input_tokens']:,}", _percent(row["cached_share"]),
-        _usd(row["cost_direct"]), _usd(row["cost_proxy"]),
-        _saving(row["saving"], row["saving_share"]),
+        str(row["key"]), f"{row['requests']:,}", tokens(row["client_tokens"]), forwarded,
+        percent(row["cached_share"]), usd(row["cost_direct"]), usd(row["cost_proxy"]), saving,
         f"{row['items_cut']:,}", f"{row['outputs_masked']:,}", f"{row['recalled']:,}",
         f"{row['degraded']:,}",
     ]
-
-
-def usd(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.4f}"
-
-
-_usd = usd
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _share(part: int, whole: int) -> str:
-    return f"{part:,}" + (f" ({part / whole:.0%})" if whole else "")
-
-
-def _saving(saving: float | None, share: float | None) -> str:
-    if saving is None:
-        return "-"
-    return usd(saving) + (f" ({share:.0%})" if share is not None else "")
-
-
-def row_cells(row: Row) -> list[str]:
-    """A Row as the table shows it (the /ui pages use the same formatting)."""
-    return _cells(row.as_json())

@@ -98,6 +98,10 @@ class Ledger(Protocol):
         """Sums per (group, model), oldest group first (sessions: most recent first)."""
         ...
 
+    async def series(self, start: float, step: float) -> list[Totals]:
+        """Sums per (step, model) from ``start`` on; a Totals' key is its step's number."""
+        ...
+
     async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
         """One session's rows, oldest first (its newest ``limit``)."""
         ...

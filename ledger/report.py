@@ -12,7 +12,9 @@ from typing import Any
 from ledger.model import Totals
 from ledger.prices import Prices
 
-__all__ = ["ESTIMATE_NOTE", "Row", "parse_since", "summarize", "total"]
+__all__ = [
+    "ESTIMATE_NOTE", "Row", "parse_since", "percent", "summarize", "tokens", "total", "usd",
+]
 
 ESTIMATE_NOTE = (
     "Costs are input tokens priced per model (output costs the same either way and is left "
@@ -140,3 +142,27 @@ def parse_since(value: str, now: float | None = None) -> float | None:
         raise ValueError(f"{value!r} is not a duration like 30m, 24h, 7d or 'all'")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
     return (time.time() if now is None else now) - seconds
+
+
+# --- how the numbers are written (the table and the pages alike) ---------------------------
+
+
+def tokens(n: int) -> str:
+    """1234 -> '1,234'; 551138 -> '551k'; 1077317 -> '1.08M'."""
+    if n >= 10_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.2f}M"
+    if n >= 100_000:
+        return f"{n / 1e3:.0f}k"
+    return f"{n:,}"
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.2f}" if abs(value) >= 100 else f"${value:,.4f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"

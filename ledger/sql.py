@@ -31,10 +31,16 @@ _SUMS = """count(*), count(input_tokens), coalesce(sum(client_tokens), 0),
     min(at), max(at)"""
 
 
-def totals_sql(by: Group, dialect: int, *, since: bool, session: bool, mark: str) -> str:
+def totals_sql(by: Group | None, dialect: int, *, since: bool, session: bool,
+               mark: str) -> str:
     """The sums per (group, model); ``dialect`` 0 is SQLite, 1 PostgreSQL; ``mark`` the
-    driver's placeholder."""
-    key = _KEYS[by][dialect]
+    driver's placeholder. ``by=None``: per step of a series, the first two parameters being
+    its start and its step (seconds)."""
+    if by is None:
+        key = (f"CAST((at - {mark}) / {mark} AS INTEGER)" if dialect == 0
+               else f"floor((at - {mark}) / {mark})::bigint")
+    else:
+        key = _KEYS[by][dialect]
     where = ["at >= " + mark] if since else []
     if session:
         where.append("session_id = " + mark)

@@ -143,6 +143,12 @@ class PostgresLedger:
             cur = await conn.execute(sql, params)
             return [totals_from(by, row) for row in await cur.fetchall()]
 
+    async def series(self, start: float, step: float) -> list[Totals]:
+        sql = totals_sql(None, 1, since=True, session=False, mark="%s")
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, (start, step, start))
+            return [totals_from("model", row) for row in await cur.fetchall()]
+
     async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
         sql = (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} WHERE session_id = %s"
                " ORDER BY at DESC, request_id DESC LIMIT %s) t ORDER BY at, request_id")

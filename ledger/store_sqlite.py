@@ -157,6 +157,15 @@ class SqliteLedger:
 
         return await self._run(totals)
 
+    async def series(self, start: float, step: float) -> list[Totals]:
+        sql = totals_sql(None, 0, since=True, session=False, mark="?")
+
+        def series() -> list[Totals]:
+            rows = self._db().execute(sql, (start, step, start))
+            return [totals_from("model", row) for row in rows]
+
+        return await self._run(series)
+
     async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
         sql = (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} WHERE session_id = ?"
                " ORDER BY at DESC, request_id DESC LIMIT ?) ORDER BY at, request_id")

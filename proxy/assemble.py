@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from config import Settings
-from proxy import knowledge_wiring, ledger_wiring, memory_wiring, outputs
+from proxy import knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
 from proxy.app import SETTINGS, add_passthrough, create_app
 from proxy.upstream import Upstream
 from request import Step
@@ -43,5 +43,6 @@ def build_app(
     memory_wiring.install(app)
     ledger_wiring.install(app)
     outputs.install(app)
+    ui.install(app)
     add_passthrough(app)  # last: local routes first
     return app

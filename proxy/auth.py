@@ -16,6 +16,10 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # The masked-output route (proxy/outputs.py) is called by the model's shell, which has no
 # client key: the unguessable id and the session header it must match are its credential.
 OUTPUTS_ROUTE = "outputs"
+# A browser cannot send a bearer key: the dashboard's sign-in page (open) puts the key in this
+# cookie, which counts like the bearer key on /ui pages and nowhere else.
+UI_COOKIE = "ctxproxy_key"
+UI_LOGIN_ROUTES = frozenset({"ui:login", "ui:login-post"})
 
 
 def load_client_keys(spec: str | None) -> tuple[bytes, ...]:
@@ -36,9 +40,12 @@ def client_auth(keys: tuple[bytes, ...]) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         # match_info is resolved before the middlewares run: only the matched route counts.
-        if request.path in OPEN_PATHS or request.match_info.route.name == OUTPUTS_ROUTE:
+        route = request.match_info.route.name
+        if request.path in OPEN_PATHS or route == OUTPUTS_ROUTE or route in UI_LOGIN_ROUTES:
             return await handler(request)
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if not presented and (route or "").startswith("ui") and UI_COOKIE in request.cookies:
+            scheme, presented = "bearer", request.cookies[UI_COOKIE]
         token = presented.strip().encode()
         # Compare against every key, so timing does not tell which one nearly matched.
         ok = scheme.lower() == "bearer" and token != b""
