@@ -293,7 +293,7 @@ async def memory(request: web.Request) -> web.Response:
         ("sources", " ".join(memory_link(x) for x in m.sources) or "-"),
     ]
     body = (
-        table(["", ""], [[k, v] for k, v in facts], ident="memory")
+        table(["field", "value"], [[k, v] for k, v in facts], ident="memory")
         + f"<pre>{escape(m.text)}</pre>"
         + f'<form class=inline method=post action="/ui/memory/{escape(memory_id)}/forget">'
         "<button>Forget this memory</button></form>"

@@ -26,6 +26,7 @@ th:first-child,td:first-child{text-align:left}th{background:#eef1f5;font-weight:
 .note{color:#5b6475;font-size:12px;max-width:900px}svg{background:#fff;border:1px solid #dde1e8}
 .muted{color:#8a93a3}pre{background:#fff;border:1px solid #dde1e8;padding:10px;white-space:pre-wrap}
 form.inline{display:inline}nav.since a{margin-right:10px}
+#memories td:last-child,#knowledge td:last-child,#memory td{text-align:left}
 """
 _NAV = (("overview", "/ui", "Overview"), ("sessions", "/ui/sessions", "Sessions"),
         ("memory", "/ui/memory", "Memory"))
@@ -37,7 +38,7 @@ def page(title: str, section: str, body: str) -> str:
         for name, href, label in _NAV
     )
     return (
-        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        "<!doctype html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"
         f"<title>{escape(title)} · ctxproxy</title><style>{_CSS}</style></head>"
         f"<body><header><b>ctxproxy</b>{nav}</header><main><h1>{escape(title)}</h1>"
         f"{body}</main></body></html>"
