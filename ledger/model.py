@@ -94,8 +94,10 @@ class Ledger(Protocol):
 
     async def totals(
         self, by: Group, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
     ) -> list[Totals]:
-        """Sums per (group, model), oldest group first (sessions: most recent first)."""
+        """Sums per (group, model), oldest group first (sessions: most recent first, at most
+        ``limit`` sessions). A range starts at the whole hour ``since`` falls in."""
         ...
 
     async def series(self, start: float, step: float) -> list[Totals]:

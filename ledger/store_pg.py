@@ -11,7 +11,24 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from ledger.model import Group, LedgerError, Record, Totals
-from ledger.sql import COLUMNS, INSERT_COLUMNS, TABLE, from_row, to_row, totals_from, totals_sql
+from ledger.sql import (
+    COLUMNS,
+    HOUR,
+    INSERT_COLUMNS,
+    ROLLUP,
+    ROLLUP_TABLE,
+    TABLE,
+    backfill_sql,
+    from_row,
+    hour_of,
+    rollup_rows,
+    series_params,
+    series_sql,
+    to_row,
+    totals_from,
+    totals_sql,
+    upsert_sql,
+)
 
 __all__ = ["MIGRATIONS", "PostgresLedger"]
 
@@ -51,7 +68,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             f"CREATE INDEX {TABLE}_session_at ON {TABLE} (session_id, at)",
         ),
     ),
+    (
+        2,  # the hourly roll-up the reports read (ledger/sql.py), filled from the rows so far
+        (
+            ROLLUP_TABLE.format(int="bigint", real="double precision"),
+            f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
+            backfill_sql(1),
+        ),
+    ),
 )
+_UPSERT = upsert_sql(1, "%s")
 _VERSIONS = f"{TABLE}_migrations"
 _INSERT = (
     f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES "
@@ -126,27 +152,42 @@ class PostgresLedger:
     async def insert(self, records: list[Record]) -> None:
         if not records:
             return
-        async with self._conn() as conn, conn.cursor() as cur:
+        rolled = rollup_rows(records)
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             await cur.executemany(_INSERT, [to_row(r) for r in records])
+            # Sorted: concurrent replicas take the roll-up's row locks in one order.
+            await cur.executemany(_UPSERT, sorted(rolled))
 
     async def prune(self, before: float) -> int:
-        async with self._conn() as conn:
+        hour = int(before // HOUR)
+        async with self._conn() as conn, conn.transaction():
             cur = await conn.execute(f"DELETE FROM {TABLE} WHERE at < %s", (before,))
-            return cur.rowcount
+            gone = cur.rowcount
+            # The hour the cut falls in is rolled up again from the rows it kept.
+            await conn.execute(f"DELETE FROM {ROLLUP} WHERE hour <= %s", (hour,))
+            await conn.execute(backfill_sql(1, where="WHERE at >= %s AND at < %s"),
+                               (hour * HOUR, (hour + 1) * HOUR))
+            return gone
 
     async def totals(
         self, by: Group, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
     ) -> list[Totals]:
-        sql = totals_sql(by, 1, since=since is not None, session=session is not None, mark="%s")
-        params = [p for p in (since, session) if p is not None]
+        newest = by == "session" and limit is not None
+        sql = totals_sql(by, since=since is not None, session=session is not None, mark="%s",
+                         newest=newest)
+        params: list[object] = [p for p in (hour_of(since), session) if p is not None]
+        if newest:
+            params += [p for p in (hour_of(since), limit) if p is not None]
         async with self._conn() as conn:
             cur = await conn.execute(sql, params)
             return [totals_from(by, row) for row in await cur.fetchall()]
 
     async def series(self, start: float, step: float) -> list[Totals]:
-        sql = totals_sql(None, 1, since=True, session=False, mark="%s")
+        hourly = step >= HOUR
+        sql = series_sql(1, hourly=hourly, mark="%s")
         async with self._conn() as conn:
-            cur = await conn.execute(sql, (start, step, start))
+            cur = await conn.execute(sql, series_params(start, step, hourly))
             return [totals_from("model", row) for row in await cur.fetchall()]
 
     async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:

@@ -12,7 +12,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ledger.model import Group, LedgerError, Record, Totals
-from ledger.sql import COLUMNS, INSERT_COLUMNS, TABLE, from_row, to_row, totals_from, totals_sql
+from ledger.sql import (
+    COLUMNS,
+    HOUR,
+    INSERT_COLUMNS,
+    ROLLUP,
+    ROLLUP_TABLE,
+    TABLE,
+    backfill_sql,
+    from_row,
+    hour_of,
+    rollup_rows,
+    series_params,
+    series_sql,
+    to_row,
+    totals_from,
+    totals_sql,
+    upsert_sql,
+)
 
 __all__ = ["MIGRATIONS", "SqliteLedger"]
 
@@ -55,7 +72,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             f"CREATE INDEX {TABLE}_session_at ON {TABLE} (session_id, at)",
         ),
     ),
+    (
+        2,  # the hourly roll-up the reports read (ledger/sql.py), filled from the rows so far
+        (
+            ROLLUP_TABLE.format(int="INTEGER", real="REAL"),
+            f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
+            backfill_sql(0),
+        ),
+    ),
 )
+_UPSERT = upsert_sql(0, "?")
 
 _INSERT = (
     f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES "
@@ -126,12 +152,14 @@ class SqliteLedger:
         if not records:
             return
         rows = [to_row(r) for r in records]
+        rolled = rollup_rows(records)
 
         def insert() -> None:
             db = self._db()
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany(_INSERT, rows)
+                db.executemany(_UPSERT, rolled)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -141,16 +169,36 @@ class SqliteLedger:
         await self._run(insert)
 
     async def prune(self, before: float) -> int:
+        hour = int(before // HOUR)
+
         def prune() -> int:
-            return self._db().execute(f"DELETE FROM {TABLE} WHERE at < ?", (before,)).rowcount
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                gone = db.execute(f"DELETE FROM {TABLE} WHERE at < ?", (before,)).rowcount
+                # The hour the cut falls in is rolled up again from the rows it kept.
+                db.execute(f"DELETE FROM {ROLLUP} WHERE hour <= ?", (hour,))
+                db.execute(backfill_sql(0, where="WHERE at >= ? AND at < ?"),
+                           (hour * HOUR, (hour + 1) * HOUR))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return gone
 
         return await self._run(prune)
 
     async def totals(
         self, by: Group, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
     ) -> list[Totals]:
-        sql = totals_sql(by, 0, since=since is not None, session=session is not None, mark="?")
-        params = [p for p in (since, session) if p is not None]
+        newest = by == "session" and limit is not None
+        sql = totals_sql(by, since=since is not None, session=session is not None, mark="?",
+                         newest=newest)
+        params: list[object] = [p for p in (hour_of(since), session) if p is not None]
+        if newest:
+            params += [p for p in (hour_of(since), limit) if p is not None]
 
         def totals() -> list[Totals]:
             return [totals_from(by, row) for row in self._db().execute(sql, params)]
@@ -158,11 +206,12 @@ class SqliteLedger:
         return await self._run(totals)
 
     async def series(self, start: float, step: float) -> list[Totals]:
-        sql = totals_sql(None, 0, since=True, session=False, mark="?")
+        hourly = step >= HOUR
+        sql = series_sql(0, hourly=hourly, mark="?")
+        params = series_params(start, step, hourly)
 
         def series() -> list[Totals]:
-            rows = self._db().execute(sql, (start, step, start))
-            return [totals_from("model", row) for row in rows]
+            return [totals_from("model", row) for row in self._db().execute(sql, params)]
 
         return await self._run(series)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from html import escape
 from typing import Any
@@ -16,6 +17,7 @@ from knowledge.routes import EMBEDDED
 from ledger.model import Group, Record
 from ledger.prices import Prices
 from ledger.report import Row, parse_since, percent, summarize, tokens, total, usd
+from ledger.sql import HOUR
 from memory.model import Memory, StoreError
 from proxy.auth import UI_COOKIE
 from proxy.ledger_wiring import LEDGER, LedgerSide
@@ -36,6 +38,7 @@ __all__ = ["install"]
 
 SESSIONS_SHOWN = 200
 STEPS = 100  # points of the overview's charts
+RAW_SERIES = 20_000  # a chart over more requests than this reads the hourly roll-up
 MEMORIES_SHOWN = 50
 SCOPES_SCANNED = 5000
 
@@ -123,12 +126,14 @@ async def _series(side: LedgerSide, whole: Row) -> tuple[list[Row], list[str]]:
     """The range's rows in ``STEPS`` equal steps of time (empty ones too), with labels."""
     if side.ledger is None or not whole.requests:
         return [], []
-    step = max((whole.last_at - whole.first_at) / (STEPS - 1), 1.0)
-    found = {r.key: r for r in summarize(
-        await side.ledger.series(whole.first_at, step), side.prices)}
+    start, step = whole.first_at, max((whole.last_at - whole.first_at) / (STEPS - 1), 1.0)
+    if step >= HOUR or whole.requests > RAW_SERIES:
+        # From the hourly roll-up: whole hours (a few points for a busy short range).
+        start, step = start // HOUR * HOUR, math.ceil(step / HOUR) * HOUR
+    found = {r.key: r for r in summarize(await side.ledger.series(start, step), side.prices)}
     count = max((int(key) for key in found), default=0) + 1  # the database's own rounding
     rows = [found.get(str(i)) or Row(str(i)) for i in range(count)]
-    return rows, [when(whole.first_at + i * step)[:16] for i in range(count)]
+    return rows, [when(start + i * step)[:16] for i in range(count)]
 
 
 def _cumulative(values: Any) -> list[float]:
@@ -156,16 +161,16 @@ async def sessions(request: web.Request) -> web.Response:
     label, since = _since(request)
     if side.ledger is None:
         return _html(page("Sessions", "sessions", _off(side)))
-    rows = summarize(await side.ledger.totals("session", since=since), side.prices)
-    shown = rows[:SESSIONS_SHOWN]
+    shown = summarize(await side.ledger.totals("session", since=since, limit=SESSIONS_SHOWN),
+                      side.prices)
     body = (
         since_links("/ui/sessions", label)
         + table(["session", "requests", "sent", "forwarded", "cached", "direct", "proxy",
                  "saving", "cut", "recalled", "degraded", "last request"],
                 [[*_row_cells(r, session_link(r.key)), when(r.last_at)] for r in shown],
                 ident="sessions")
-        + (f"<p class=muted>The {SESSIONS_SHOWN} most recent of {len(rows)} sessions.</p>"
-           if len(rows) > SESSIONS_SHOWN else "")
+        + (f"<p class=muted>The {SESSIONS_SHOWN} most recent sessions.</p>"
+           if len(shown) == SESSIONS_SHOWN else "")
         + note()
     )
     return _html(page("Sessions", "sessions", body))

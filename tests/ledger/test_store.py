@@ -44,6 +44,7 @@ async def test_sums_per_day_session_and_model(ledger: Ledger) -> None:
     assert second.client_tokens == 10_000  # unpriced rows still count their tokens
     sessions = await ledger.totals("session")
     assert sessions[0].key == "s2"  # the most recent session first
+    assert {t.key for t in await ledger.totals("session", limit=1)} == {"s2"}
     assert sum(t.requests for t in await ledger.totals("all", since=T0 + DAY)) == 2
     assert sum(t.requests for t in await ledger.totals("all", session="s1")) == 2
 
@@ -53,14 +54,17 @@ async def test_rows_survive_a_restart_and_follow_the_retention(
 ) -> None:
     first = make_ledger()
     await first.open()
-    await first.insert([record(T0 - 40 * DAY), record(T0)])
+    cut = T0 - 30 * DAY
+    await first.insert([record(T0 - 40 * DAY), record(cut - 60), record(cut + 60), record(T0)])
     await first.close()
     again = make_ledger()
     await again.open()  # migrations already applied: nothing to do
     try:
+        assert sum(t.requests for t in await again.totals("all")) == 4
+        assert await again.prune(cut) == 2
+        assert [r.at for r in await again.timeline("s1")] == [cut + 60, T0]
+        # The sums follow, the hour the cut fell in included.
         assert sum(t.requests for t in await again.totals("all")) == 2
-        assert await again.prune(T0 - 30 * DAY) == 1
-        assert [r.at for r in await again.timeline("s1")] == [T0]
     finally:
         await again.close()
 
@@ -68,3 +72,12 @@ async def test_rows_survive_a_restart_and_follow_the_retention(
 async def test_timeline_keeps_the_newest_rows_oldest_first(ledger: Ledger) -> None:
     await ledger.insert([record(T0 + i) for i in range(10)])
     assert [r.at - T0 for r in await ledger.timeline("s1", limit=3)] == [7, 8, 9]
+
+
+async def test_series_from_the_rows_and_from_the_hourly_rollup_agree(ledger: Ledger) -> None:
+    await ledger.insert([record(T0 + 600 * i) for i in range(36)])  # 6 hours, every 10 min
+    fine = await ledger.series(T0, 600)  # from the request rows
+    assert len(fine) == 36 and all(t.requests == 1 for t in fine)
+    hourly = await ledger.series(T0, 2 * 3600)  # from the roll-up, in steps of 2 hours
+    assert [(t.key, t.requests) for t in hourly] == [("0", 12), ("1", 12), ("2", 12)]
+    assert sum(t.client_tokens for t in hourly) == sum(t.client_tokens for t in fine)
