@@ -215,6 +215,12 @@ class Settings(BaseSettings):
         "built-in table: model=input/cached[/cache-write],... (e.g. gpt-5=1.25/0.125).",
     )
 
+    capture_dir: Path | None = Field(
+        None,
+        description="Debugging: write each forwarded /v1/responses body here, secrets "
+        "redacted (one JSON file a request); unset: off.",
+    )
+
     @field_validator("upstream_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:

@@ -92,7 +92,7 @@ SENT = web.RequestKey("sent", Sent)
 # Told each /v1/responses request once it is over (answered, failed or given up), with its
 # access line and status; runs in the access middleware's ``finally``: never raises into it.
 FinishedHook = Callable[[web.Request, Access, int], object]
-FINISHED: web.AppKey[FinishedHook] = web.AppKey("finished")
+FINISHED: web.AppKey[list[FinishedHook]] = web.AppKey("finished")
 
 StepsFactory = Callable[[web.Application], Sequence[Step]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -125,6 +125,7 @@ def create_app(
     app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
     app[CLOCK] = clock
+    app[FINISHED] = []
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         client = upstream or Upstream(
@@ -232,8 +233,7 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
         route = _route_name(request)
         metrics.requests.labels(route, str(status)).inc()
         metrics.duration.observe(elapsed)
-        finished = request.app.get(FINISHED) if route == "responses" else None
-        if finished is not None:
+        for finished in request.app[FINISHED] if route == "responses" else ():
             try:
                 finished(request, info, status)
             except Exception:

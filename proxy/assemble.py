@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from config import Settings
-from proxy import knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
+from proxy import explain, knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
 from proxy.app import SETTINGS, add_passthrough, create_app
 from proxy.upstream import Upstream
 from request import Step
@@ -44,5 +44,6 @@ def build_app(
     ledger_wiring.install(app)
     outputs.install(app)
     ui.install(app)
+    explain.install(app)
     add_passthrough(app)  # last: local routes first
     return app

@@ -62,7 +62,7 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     recorder.start()
     app[LEDGER] = LedgerSide(ledger, recorder, prices)
-    app[FINISHED] = _finished(recorder)
+    app[FINISHED].append(_finished(recorder))
     try:
         yield
     finally:
