@@ -54,9 +54,9 @@ def _command_modules() -> list[Any]:
     from knowledge import cli as knowledge_cli
     from ledger import cli as ledger_cli
     from memory import cli as memory_cli
-    from proxy import explain_cli
+    from proxy import doctor, explain_cli
 
-    return [knowledge_cli, memory_cli, ledger_cli, explain_cli]
+    return [knowledge_cli, memory_cli, ledger_cli, explain_cli, doctor]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
