@@ -79,6 +79,8 @@ def _scope_options(p: argparse.ArgumentParser, title: str) -> None:
     group.add_argument("--team", help="team id")
     group.add_argument("--agent", help="agent id")
     group.add_argument("--user", help="user ref (u_..., as `show` prints it)")
+    group.add_argument("--user-key", help="the user key itself (as sent in x-tdai-user-key); "
+                       "only its digest is used or kept")
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
@@ -122,7 +124,7 @@ class _Filter:
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> _Filter:
-        return cls(args.service, args.team, args.agent, args.user,
+        return cls(args.service, args.team, args.agent, _user(args),
                    tuple(args.types or MEMORY_TYPES), args.session)
 
     def whole_scope(self) -> Scope | None:
@@ -227,13 +229,35 @@ async def _add(store: Store, args: argparse.Namespace, settings: Settings) -> in
         service_id=args.service if args.service is not None else settings.service_id,
         team_id=args.team if args.team is not None else settings.team_id or "",
         agent_id=args.agent if args.agent is not None else settings.agent_id or "",
-        user=args.user if args.user is not None else default_user,
+        user=user if (user := _user(args)) is not None else default_user,
     )
     key = args.key or "cli:" + hashlib.sha256(text.encode()).hexdigest()[:24]
     memory = Memory(type="semantic", scope=scope, key=key, text=text, attrs={"origin": "cli"})
     stored = (await store.upsert([memory]))[0]
     print(stored.memory_id)
+    print(_scope_note(scope), file=sys.stderr)
     return 0
+
+
+def _user(args: argparse.Namespace) -> str | None:
+    """The user ref from --user (a digest) or --user-key (digested here; never kept)."""
+    if getattr(args, "user_key", None):
+        if args.user is not None:
+            raise SystemExit("ctxproxy memory: give --user or --user-key, not both")
+        return user_ref(args.user_key)
+    return args.user  # type: ignore[no-any-return]
+
+
+def _scope_note(scope: Scope) -> str:
+    """Which requests will see a memory of ``scope`` (they must match all four parts)."""
+    parts = [f"service {scope.service_id!r}",
+             f"x-team-id {scope.team_id!r}" if scope.team_id else "no x-team-id",
+             f"x-agent-id {scope.agent_id!r}" if scope.agent_id else "no x-agent-id",
+             f"the user key of {scope.user}" if scope.user else "no x-tdai-user-key"]
+    note = "scope: requests with " + ", ".join(parts) + " see this memory"
+    if not scope.user:
+        note += " (requests that send a user key do not: add --user-key)"
+    return note
 
 
 async def _edit(store: Store, args: argparse.Namespace, settings: Settings) -> int:
