@@ -154,8 +154,11 @@ async def _select(store: Store, f: _Filter, limit: int) -> list[Memory]:
 
 
 async def _list(store: Store, args: argparse.Namespace, settings: Settings) -> int:
-    for m in await _select(store, _Filter.of(args), args.limit):
+    found = await _select(store, _Filter.of(args), args.limit)
+    for m in found:
         print(_line(m))
+    if not found:  # said on stderr: stdout stays a clean listing for scripts
+        print("no memories (for these filters)", file=sys.stderr)
     return 0
 
 
@@ -171,6 +174,8 @@ async def _search(store: Store, args: argparse.Namespace, settings: Settings) ->
         hits += await store.search(s, args.query, types=f.types, limit=args.limit)
     hits = [h for h in hits if f.session is None or h.memory.session_id == f.session]
     hits.sort(key=lambda h: h.relevance, reverse=True)
+    if not hits:
+        print("no memory matches", file=sys.stderr)
     for hit in hits[: args.limit]:
         print(f"{hit.relevance:8.4f}  {_line(hit.memory)}")
     return 0

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib.metadata
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -36,10 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
-        description="A transparent context proxy for coding agents (OpenAI Responses API).",
+        description="A transparent context proxy for coding agents (OpenAI Responses API). "
+        "With no command it serves, as `ctxproxy serve` does.",
         epilog=settings_help(),
         formatter_class=formatter,
     )
+    parser.add_argument("--version", action="version", version=f"ctxproxy {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="run the proxy", epilog=settings_help(), formatter_class=formatter
@@ -48,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     for module in _command_modules():
         module.register(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ctxproxy")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
 
 
 def _command_modules() -> list[Any]:
@@ -76,7 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "unknown setting %s is ignored%s", name, hint,
             extra=logs.fields(variable=name, closest=closest),
         )
-    result = args.func(settings, args)
+    try:
+        result = args.func(settings, args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`ctxproxy memory export | head`): not an error of ours.
+        # Python flushes stdout again at exit: point it at devnull so that fails quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return int(result or 0)
 
 
