@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 CODEX_VERSION := 0.169.0
 
 .PHONY: run test lint bench bench-economics bench-trajectories services clean
@@ -12,8 +13,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
+# Serving needs only the runtime dependencies (no test, lint or bench tools).
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $(RUN_STAMP)
+
 ## Start the proxy on the embedded default (SQLite store, embedded core) on 127.0.0.1:8787.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/ctxproxy serve
 
 ## The whole test suite, with a real PostgreSQL server and the real Codex CLI.

@@ -159,7 +159,9 @@ class Settings(BaseSettings):
 
     # --- memory --------------------------------------------------------------------------
     data_dir: Path = Field(
-        default_factory=_default_data_dir, description="Where the SQLite store lives."
+        default_factory=_default_data_dir,
+        description="Where the SQLite stores (memory, request rows), the embedded core's "
+        "catalogue and the outputs key live; printed at start and by `ctxproxy doctor`."
     )
     store_url: str | None = Field(
         None, description="postgresql://... to share memory between replicas; unset: SQLite."
@@ -337,7 +339,7 @@ def describe_settings() -> list[tuple[str, str, str]]:
     rows = []
     for name, field in Settings.model_fields.items():
         if field.default_factory is not None:
-            default = "per-user data dir"
+            default = "$XDG_DATA_HOME/ctxproxy, else ~/.local/share/ctxproxy"
         elif field.default is None:
             default = "unset"
         else:

@@ -126,7 +126,8 @@ def _run(settings: Settings, *, worker: int | None = None,
 
 def _listening(settings: Settings) -> dict[str, object]:
     return {"address": f"http://{settings.host}:{settings.port}",
-            "upstream": settings.upstream_url}
+            "upstream": settings.upstream_url, "data_dir": str(settings.data_dir),
+            "dashboard": f"http://{settings.host}:{settings.port}/ui"}
 
 
 async def _serve(settings: Settings, *, worker: int | None = None,
