@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 CODEX_VERSION := 0.169.0
 
-.PHONY: run test lint bench bench-economics bench-trajectories services clean
+.PHONY: run test lint image bench bench-economics bench-trajectories services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+## Build the container image and check it serves (podman/buildah from Debian; scripts/image.sh).
+image: $(STAMP)
+	bash scripts/image.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.overhead
