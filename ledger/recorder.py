@@ -135,6 +135,10 @@ class Recorder:
         except LedgerError as exc:
             log.warning("ledger write failed: %s", exc)
             self._drop("failed", len(batch))
+        except Exception:
+            # A bug in one batch must not stop the worker, and every later row with it.
+            log.exception("ledger write failed")
+            self._drop("failed", len(batch))
 
     async def _prune_now_and_then(self) -> None:
         now = time.monotonic()

@@ -140,7 +140,7 @@ class SqliteLedger:
             raise LedgerError("sqlite: the ledger is not open")
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeError) as exc:
             raise LedgerError(f"sqlite: {exc}") from exc
 
     def _db(self) -> sqlite3.Connection:

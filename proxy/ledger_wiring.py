@@ -79,6 +79,13 @@ def _finished(recorder: Recorder) -> FinishedHook:
     return finished
 
 
+TEXT_CHARS = 200  # a row's names: a header may be any length and hold lone surrogates
+
+
+def _text(value: str) -> str:
+    return value[:TEXT_CHARS].encode("utf-8", "replace").decode()
+
+
 def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pending:
     """The row so far (what the relay knows), for the recorder to count and price."""
     ex = sent.exchange
@@ -100,8 +107,9 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pend
         team, agent = ex.identity.team_id or "", ex.identity.agent_id or ""
         user = ex.identity.user
     record = Record(
-        at=sent.at, session_id=session, model=model, status=status,
-        service_id=settings.service_id, team_id=team, agent_id=agent, user_ref=user,
+        at=sent.at, session_id=_text(session), model=_text(model), status=status,
+        service_id=settings.service_id, team_id=_text(team), agent_id=_text(agent),
+        user_ref=user,
         input_tokens=info.input_tokens, cached_tokens=info.cached_tokens,
         output_tokens=info.output_tokens,
         turns_in=info.turns_in, turns_forwarded=info.turns_forwarded,

@@ -156,3 +156,34 @@ async def test_ui_needs_a_client_key_and_a_browser_signs_in_with_a_cookie(
             assert resp.status == 401
 
 
+
+
+async def raw_post(url: str, session: bytes) -> int:
+    """A request whose session-id header holds bytes that are not UTF-8 (aiohttp's client
+    would not send them)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = orjson.dumps(codex.request(codex.session(1), "x"))
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"session-id: " + session + b"\r\nConnection: close\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    status = await reader.readline()
+    await reader.read()
+    writer.close()
+    return int(status.split()[1])
+
+
+async def test_a_session_id_that_is_not_utf8_is_recorded_and_the_recorder_goes_on(
+    start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy()
+    # Not UTF-8, and long: answered (whatever the upstream makes of the header) and recorded.
+    assert await raw_post(proxy.url, b"caf\xe9" * 100) > 0
+    await post(proxy.url, codex.session(1), session="after")
+    side = proxy.app[LEDGER]
+    assert side.recorder is not None and side.ledger is not None
+    await side.recorder.join()
+    sessions = {t.key for t in await side.ledger.totals("session")}
+    assert "after" in sessions and len(sessions) == 2
+    assert all(len(s) <= 200 for s in sessions)
