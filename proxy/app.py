@@ -233,11 +233,6 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
         route = _route_name(request)
         metrics.requests.labels(route, str(status)).inc()
         metrics.duration.observe(elapsed)
-        for finished in request.app[FINISHED] if route == "responses" else ():
-            try:
-                finished(request, info, status)
-            except Exception:
-                log.exception("recording the request failed")
         if route not in ("healthz", "readyz", "metrics"):
             access_log.info(
                 "request",
@@ -252,6 +247,12 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     **info.fields(),
                 ),
             )
+        # After the line: what the hooks cost never delays it.
+        for finished in request.app[FINISHED] if route == "responses" else ():
+            try:
+                finished(request, info, status)
+            except Exception:
+                log.exception("recording the request failed")
 
 
 def _route_name(request: web.Request) -> str:
