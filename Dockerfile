@@ -20,6 +20,7 @@ COPY ledger ledger
 COPY proxy proxy
 RUN /opt/ctxproxy/bin/pip install .
 # Bake the tokenizer files in, so the container never downloads at run time.
+# hadolint ignore=DL3064
 ENV TIKTOKEN_CACHE_DIR=/opt/ctxproxy/tiktoken
 RUN mkdir -p "$TIKTOKEN_CACHE_DIR" && \
     /opt/ctxproxy/bin/python -c "import tiktoken; tiktoken.get_encoding('o200k_base')" || \
@@ -29,16 +30,17 @@ RUN mkdir -p "$TIKTOKEN_CACHE_DIR" && \
 FROM ${BASE}
 RUN useradd --create-home --uid 10001 ctxproxy
 COPY --from=build /opt/ctxproxy /opt/ctxproxy
+# hadolint ignore=DL3064
 ENV PATH=/opt/ctxproxy/bin:$PATH \
     TIKTOKEN_CACHE_DIR=/opt/ctxproxy/tiktoken \
     CTXPROXY_HOST=0.0.0.0 \
     CTXPROXY_PORT=8787 \
     CTXPROXY_DATA_DIR=/data
 RUN mkdir -p /data && chown ctxproxy /data
-USER ctxproxy
+USER 10001
 VOLUME ["/data"]
 EXPOSE 8787
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8787/healthz', timeout=2)" || exit 1
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8787/healthz', timeout=2)"]
 ENTRYPOINT ["ctxproxy"]
 CMD ["serve"]

@@ -27,11 +27,13 @@ run: $(RUN_STAMP)
 test: $(STAMP)
 	@. scripts/services.sh && $(BIN)/pytest $(PYTEST_ARGS)
 
-## ruff, mypy (strict) and the import layers (import-linter, contracts in pyproject.toml).
+## ruff, mypy (strict), the import layers (import-linter, contracts in pyproject.toml), and
+## the Dockerfile (hadolint).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/hadolint Dockerfile
 
 ## Build the container image and check it serves (podman/buildah from Debian; scripts/image.sh).
 image: $(STAMP)
