@@ -33,7 +33,8 @@ from request import History, message_text, output_text
 __all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render"]
 
 log = logging.getLogger("ctxproxy")
-RING = 64  # recent requests kept in memory (their bodies: at most RING * MAX_BODY_MB)
+RING = 64  # recent requests kept in memory...
+RING_BYTES = 64 * 1024 * 1024  # ...with at most this many bytes of bodies
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 _TAG = re.compile(r"<([a-z_]{3,40})[\s>]")
 
@@ -51,19 +52,31 @@ class Seen:
 
 
 class Recent:
-    """The last ``size`` /v1/responses requests of this process, any session."""
+    """The last ``size`` /v1/responses requests of this process, any session, holding at
+    most ``max_bytes`` of bodies (the oldest go first; the newest is always kept)."""
 
-    def __init__(self, size: int = RING) -> None:
-        self._ring: collections.deque[Seen] = collections.deque(maxlen=size)
+    def __init__(self, size: int = RING, max_bytes: int = RING_BYTES) -> None:
+        self._ring: collections.deque[Seen] = collections.deque()
+        self._size = size
+        self._max_bytes = max_bytes
+        self.bytes = 0
 
     def add(self, seen: Seen) -> None:
         self._ring.append(seen)
+        self.bytes += _bytes(seen)
+        while len(self._ring) > 1 and (len(self._ring) > self._size
+                                       or self.bytes > self._max_bytes):
+            self.bytes -= _bytes(self._ring.popleft())
 
     def last(self, session: str | None = None) -> Seen | None:
         for seen in reversed(self._ring):
             if session is None or seen.session == session:
                 return seen
         return None
+
+
+def _bytes(seen: Seen) -> int:
+    return len(seen.raw) + (len(seen.forwarded) if seen.forwarded is not seen.raw else 0)
 
 
 RECENT = web.AppKey("recent", Recent)

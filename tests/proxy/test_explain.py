@@ -93,3 +93,16 @@ async def test_capture_dir_writes_each_forwarded_body_redacted(
     assert SECRET not in files[-1].read_text()
     forwarded = upstream.received[-1].json  # type: ignore[attr-defined]
     assert len(captured["input"]) == len(forwarded["input"])
+
+
+def test_the_ring_is_bounded_by_count_and_bytes() -> None:
+    from proxy.explain import Recent, Seen
+
+    ring = Recent(size=3, max_bytes=1000)
+    for n in range(5):
+        ring.add(Seen(float(n), f"s{n}", b"x" * 100, b"y" * 100, 200, {}))
+    assert ring.last("s1") is None and ring.last("s4") is not None
+    assert ring.bytes == 3 * 200
+    ring.add(Seen(5.0, "big", b"x" * 5000, b"x" * 5000, 200, {}))  # the newest always stays
+    assert ring.last() is not None and ring.last().session == "big"  # type: ignore[union-attr]
+    assert ring.last("s4") is None
