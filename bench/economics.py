@@ -24,6 +24,7 @@ import platform
 import random
 import re
 import shlex
+import socket
 import sys
 import tempfile
 import time
@@ -328,11 +329,48 @@ def _check_facts(session: Session) -> None:
 
 # --- the scripted model and the fake Codex client --------------------------------------------
 
+_MEMORY_BLOCK = re.compile(r"<(?:working|episodic|semantic)_memory\b")
+PULL = "call_pull"  # the call id of the model's search of its chat memory
+_CALL_TOOL = re.compile(
+    r"<knowledge [^>]*type=\"chat-memory\"[^>]*>.*?<call_tool>(.*?)</call_tool>", re.S)
+
+
+def _chat_memory_call(instructions: str) -> str | None:
+    """The chat-memory asset's call_tool line in the block, unescaped, if it is there."""
+    found = _CALL_TOOL.search(instructions)
+    if found is None:
+        return None
+    return found[1].replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">") \
+        .replace("&amp;", "&")
+
+
+def _pull_call(line: str, question: str, turn: int) -> Item:
+    """An exec_command that runs the block's line with a search for ``question``."""
+    argv = shlex.split(line)
+    argv[-1] = orjson.dumps({**orjson.loads(argv[-1]), "tool_name": "search",
+                             "params": {"query": question}}).decode()
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    return {"type": "function_call", "status": "completed", "id": f"fc_t{turn:03d}p",
+            "name": "exec_command", "call_id": f"{PULL}_t{turn:03d}",
+            "arguments": orjson.dumps({"cmd": cmd, "yield_time_ms": 10000}).decode()}
+
+
+async def _run_curl(http: aiohttp.ClientSession, cmd: str) -> str:
+    """What the model's shell would print for a block's curl line (POST, -H, -d)."""
+    argv = shlex.split(cmd)
+    url = next(a for a in argv if a.startswith("http"))
+    headers = dict(argv[i + 1].split(": ", 1) for i, a in enumerate(argv) if a == "-H")
+    data = argv[argv.index("-d") + 1]
+    async with http.post(url, data=data, headers=headers) as resp:
+        return await resp.text()
+
+
 
 class ScriptedModel:
     """Answers each request from the session script, and checks the asks' facts."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, pull: bool = False) -> None:
+        self.pull = pull  # asked a fact it does not see, it searches the chat-memory asset
         self.turns = {t.prompt: t for t in session.turns}
         self.recalled: dict[int, bool] = {}
         self.turn_of: list[int] = []  # the user turn of each request, in order
@@ -348,7 +386,9 @@ class ScriptedModel:
             return [message("ok")]
         # Calls done in this turn: the outputs since its prompt, plus what a summary after the
         # prompt says (a compaction in the middle of the turn removed the outputs before it).
-        done = sum(1 for i in items[starts[-1]:] if i.get("type") == "function_call_output")
+        outputs = [i for i in items[starts[-1]:] if i.get("type") == "function_call_output"]
+        pulled = any(str(i.get("call_id", "")).startswith(PULL) for i in outputs)
+        done = len(outputs) - pulled
         done += sum(int(m[1]) for i in items[starts[-1]:] if is_summary(i)
                     for m in [re.search(r"(\d+) tool calls done", message_text(i))] if m)
         self.turn_of.append(turn.index)
@@ -358,8 +398,16 @@ class ScriptedModel:
                             f"({turn.prompt[:120]}); {done} tool calls done in this turn.")]
         if done == 0 and turn.ask is not None:
             self.recalled[turn.index] = turn.ask.value.encode() in raw
+            if self.pull and not pulled and not self.recalled[turn.index]:
+                line = _chat_memory_call(body.get("instructions") or "")
+                if line is not None:
+                    return [_reasoning(random.Random(turn.index), f"rs_t{turn.index:03d}p"),
+                            _pull_call(line, turn.prompt, turn.index)]
+        if pulled and done == 0 and turn.ask is not None:  # the search's answer is in view
+            self.recalled[turn.index] = turn.ask.value.encode() in raw
         before = items[starts[-1] - 1]
-        if done == 0 and before.get("role") == "developer" and "_memory" in message_text(before):
+        if done == 0 and before.get("role") == "developer" and _MEMORY_BLOCK.search(
+                message_text(before)):
             self.blocks[turn.index] = TOKENIZER.count(message_text(before))
         return turn.responses[min(done, len(turn.responses) - 1)]
 
@@ -415,9 +463,13 @@ async def replay(http: aiohttp.ClientSession, base_url: str, session: Session, s
                 break
             for call in calls:
                 clock.now += r.uniform(0.1, 5)  # the tool runs
+                if call["call_id"].startswith(PULL):  # the model searches its memory
+                    cmd = orjson.loads(call["arguments"])["cmd"]
+                    printed = await _run_curl(http, cmd)
+                else:
+                    printed = turn.outputs[call["call_id"]]
                 history.append({"type": "function_call_output", "id": f"fco_{call['call_id']}",
-                                "call_id": call["call_id"],
-                                "output": turn.outputs[call["call_id"]]})
+                                "call_id": call["call_id"], "output": printed})
             if compact.due:  # in the middle of the turn ("mid_turn")
                 history = await compaction(turn_id)
     return seen
@@ -431,6 +483,7 @@ class Strategy:
     name: str
     settings: dict[str, Any] | None  # None: Codex straight to the provider, no proxy
     note: str
+    pull: bool = False  # the model pulls planted facts from its chat-memory asset
 
 
 # Distillation runs every 5 s of real time; a replayed session lasts a few seconds of real time
@@ -465,6 +518,10 @@ STRATEGIES = {s.name: s for s in (
              "the defaults with every memory block in instructions"),
     Strategy("mem-knowledge", {**SIMULATED_TIME, "team_id": "bench-team"},
              "the defaults + a knowledge block of two wikis"),
+    Strategy("pull", {**SIMULATED_TIME, "team_id": "bench-team", "recall_k": 0},
+             "memory pulled, not pushed: no memory blocks (RECALL_K=0), the chat-memory asset "
+             "in the knowledge block; asked a planted fact it does not see, the model runs the "
+             "asset's search with the question", pull=True),
 )}
 
 
@@ -508,16 +565,23 @@ TOKENIZER = PromptTokenizer()  # shared: its memo saves re-tokenising the same i
 
 
 @asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
+async def serving(app: web.Application, port: int = 0) -> AsyncIterator[str]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     host, port = runner.addresses[0][:2]
     try:
         yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def seed_knowledge(data_dir: Path, team_id: str) -> None:
@@ -535,7 +599,7 @@ def seed_knowledge(data_dir: Path, team_id: str) -> None:
 async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: float,
                   data_dir: Path, limit: int = AUTO_COMPACT_TOKENS) -> Run:
     clock = SimClock()
-    model = ScriptedModel(session)
+    model = ScriptedModel(session, pull=strategy.pull)
     upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=300)
@@ -544,11 +608,12 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
             seen = await replay(http, up_url + "/v1", session, shapes, clock,
                                 AutoCompact(limit=limit))
         else:
-            if strategy.settings.get("team_id"):
+            if strategy.settings.get("team_id") and not strategy.pull:
                 seed_knowledge(data_dir, strategy.settings["team_id"])
+            port = _free_port()  # the block's curl lines name it
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
-                                     log_level="WARNING", **strategy.settings)
-            async with serving(build_app(settings, clock=clock)) as proxy_url:
+                                     log_level="WARNING", port=port, **strategy.settings)
+            async with serving(build_app(settings, clock=clock), port) as proxy_url:
                 seen = await replay(http, proxy_url + "/v1", session, shapes, clock,
                                     AutoCompact(limit=limit))
     billed = [{"input": b.input_tokens, "cached": b.cached_tokens}

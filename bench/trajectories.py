@@ -562,12 +562,14 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
 # --- main -------------------------------------------------------------------------------------
 
 
-def select(paths: Sequence[Path], all_: bool, count: int) -> list[Path]:
-    """A spread of the runs by name (every k-th), or all of them."""
+def select(paths: Sequence[Path], all_: bool, count: int, held_out: bool = False) -> list[Path]:
+    """A spread of the runs by name (every k-th), or all of them; ``held_out``: the runs the
+    spread leaves out (to check that a default chosen on the spread holds elsewhere)."""
     if all_ or count >= len(paths):
         return list(paths)
     stride = len(paths) / count
-    return [paths[int(i * stride)] for i in range(count)]
+    spread = [paths[int(i * stride)] for i in range(count)]
+    return [p for p in paths if p not in spread] if held_out else spread
 
 
 def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
@@ -604,6 +606,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=Path, default=TRAJECTORIES, help="trajectory folder")
     parser.add_argument("--all", action="store_true", help="every run, not a subset")
     parser.add_argument("--count", type=int, default=20, help="runs in the subset")
+    parser.add_argument("--held-out", action="store_true",
+                        help="the runs the subset leaves out, instead of the subset")
     parser.add_argument("--sessions", default="1,5,10", help="tasks per session, comma-separated")
     parser.add_argument("--strategies", default=",".join(("direct", *PRESETS)),
                         help=f"comma-separated, of: direct, {', '.join(PRESETS)}")
@@ -618,7 +622,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.runs.is_dir():
         sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
     logging.basicConfig(level=logging.WARNING)
-    paths = select(sorted(args.runs.glob("*.traj.json")), args.all, args.count)
+    paths = select(sorted(args.runs.glob("*.traj.json")), args.all, args.count,
+                   args.held_out)
     tasks = [load_task(p) for p in paths]
     started = time.perf_counter()
     runs = asyncio.run(main_async(args, tasks))

@@ -68,8 +68,11 @@ class Settings(BaseSettings):
 
     client_keys: str | None = Field(
         None,
-        description="Accepted client bearer keys, comma-separated or @FILE (one a line); when "
-        "set, other callers get 401 and the upstream gets UPSTREAM_API_KEY, never the client's.",
+        description="Accepted client bearer keys: 'KEY [principal=NAME] [teams=A,B] "
+        "[agents=X,Y] [users=any|none|KEYS]' entries separated by ';', or @FILE (one a line), "
+        "or plain 'key1,key2'. Other callers get 401; identity headers beyond a key's claims "
+        "403; the key's principal is part of every memory scope. The upstream gets "
+        "UPSTREAM_API_KEY, never the client's.",
     )
 
     # --- the history window --------------------------------------------------------------
@@ -90,7 +93,7 @@ class Settings(BaseSettings):
         description="The fewest user turns a cut leaves (the newest included; cost policy).",
     )
     cut_digest_chars: int = Field(
-        8000, ge=0,
+        16000, ge=0,
         description="After a cut, tell the model what was cut: the newest cut turns' prompts, "
         "commands and answers, shortened, in one <earlier_turns> message of at most this many "
         "characters; 0: off.",
@@ -153,6 +156,12 @@ class Settings(BaseSettings):
     core_token: SecretStr | None = Field(None, description="Bearer token for the core service.")
     core_timeout_ms: int = Field(1500, gt=0, description="Timeout of one core call.")
     knowledge_ttl_s: float = Field(300.0, ge=0, description="How long discovery results are kept.")
+    capability_ttl_s: float = Field(
+        3600.0, gt=0,
+        description="How often the capability tokens in the <knowledge_tools> curl lines "
+        "rotate (a token is accepted for up to twice this). Each rotation changes the block, "
+        "so the prompt cache is rebuilt once per rotation.",
+    )
     knowledge_negative_ttl_s: float = Field(
         30.0, ge=0, description="How long a failed discovery is remembered before retrying."
     )
@@ -167,6 +176,12 @@ class Settings(BaseSettings):
         None, description="postgresql://... to share memory between replicas; unset: SQLite."
     )
     memory_enabled: bool = Field(True, description="Store and recall typed memory.")
+    chat_memory_asset: bool = Field(
+        True,
+        description="With memory on and a team, list the caller's own memory in "
+        "<knowledge_tools> as the chat_memory-{team}-{agent} asset (tools: search, read, "
+        "recent), for the model to pull from.",
+    )
     working_ttl_s: float = Field(1800.0, gt=0, description="Sliding TTL of working memory.")
     semantic_threshold: float = Field(
         0.75, ge=0, le=1, description="Score a distilled fact needs to become semantic memory."

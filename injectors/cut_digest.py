@@ -21,7 +21,7 @@ NOTE = ("Earlier turns of this session that ctxproxy left out of this request to
 PROMPT_CHARS = 400
 CALL_CHARS = 200
 ANSWER_CHARS = 400
-NAMES_CHARS = 1200
+NAMES_CHARS = 3000
 BRIEF_CHARS = 120
 FULL_SHARE = 0.75  # of the budget, for turns shown with their commands; the rest in brief
 
@@ -45,20 +45,39 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _brief(turn: CutTurn) -> etree._Element:
-    """A turn in a line: its prompt's start and the names it used (older turns, when the
-    budget has no room for their commands)."""
-    el = etree.Element("turn", n=str(turn.number))
-    etree.SubElement(el, "prompt").text = _clip(turn.prompt, BRIEF_CHARS)
-    used = [w for _, args in turn.calls for w in args.split() if "/" in w or "_" in w]
-    names = list(dict.fromkeys([*turn.names, *used]))
+def _fit(names: Iterable[str], limit: int, told: set[str], shown: str) -> list[str]:
+    """The names not yet told and not in ``shown``, newest first, whole, within ``limit``."""
+    out: list[str] = []
+    used = 0
+    for name in names:
+        if name in told or name in shown:
+            continue
+        if used + len(name) + 1 > limit:
+            break
+        out.append(name)
+        used += len(name) + 1
+    return out
+
+
+def _seen(el: etree._Element, names: list[str]) -> etree._Element:
     if names:
-        etree.SubElement(el, "seen").text = _clip(" ".join(names), NAMES_CHARS // 2)
+        etree.SubElement(el, "seen").text = _NOT_XML.sub("", " ".join(names))
     el.tail = "\n"
     return el
 
 
-def _turn(turn: CutTurn, calls: Sequence[tuple[str, str]], skipped: int) -> etree._Element:
+def _brief(turn: CutTurn, told: set[str]) -> tuple[etree._Element, list[str]]:
+    """A turn in a line: its prompt's start and the names it used (older turns, when the
+    budget has no room for their commands)."""
+    el = etree.Element("turn", n=str(turn.number))
+    etree.SubElement(el, "prompt").text = _clip(turn.prompt, BRIEF_CHARS)
+    names = _fit(reversed(turn.names), NAMES_CHARS // 2, told, "")
+    return _seen(el, names), names
+
+
+def _turn(
+    turn: CutTurn, calls: Sequence[tuple[str, str]], skipped: int, told: set[str]
+) -> tuple[etree._Element, list[str]]:
     el = etree.Element("turn", n=str(turn.number))
     etree.SubElement(el, "prompt").text = _clip(turn.prompt, PROMPT_CHARS)
     if skipped:
@@ -67,10 +86,8 @@ def _turn(turn: CutTurn, calls: Sequence[tuple[str, str]], skipped: int) -> etre
         etree.SubElement(el, "call", name=_clip(name, 60)).text = _clip(args, CALL_CHARS)
     if turn.answer:
         etree.SubElement(el, "answer").text = _clip(turn.answer, ANSWER_CHARS)
-    if turn.names:
-        etree.SubElement(el, "seen").text = _clip(" ".join(turn.names), NAMES_CHARS)
-    el.tail = "\n"
-    return el
+    names = _fit(reversed(turn.names), NAMES_CHARS, told, etree.tostring(el, encoding="unicode"))
+    return _seen(el, names), names
 
 
 def _size(el: etree._Element) -> int:
@@ -79,27 +96,31 @@ def _size(el: etree._Element) -> int:
 
 def render(newest_first: Iterable[CutTurn], max_chars: int) -> str | None:
     """The block for the newest turns that fit in ``max_chars`` (a turn's oldest calls go
-    first when it alone is too long), shown oldest first; None when nothing fits. Reads
-    ``newest_first`` only as far as the budget goes."""
+    first when it alone is too long), shown oldest first; None when nothing fits. A name is
+    told once, with the newest turn that used it. Reads ``newest_first`` only as far as the
+    budget goes."""
     root = etree.Element(TAG, note=NOTE)
     root.text = "\n"
     used = _size(root)
     shown: list[etree._Element] = []
+    told: set[str] = set()
     full = True
     for turn in newest_first:
-        el = None
+        made = None
         if full:
             calls = list(turn.calls)
-            el = _turn(turn, calls, 0)
-            while _size(el) + used > max_chars * FULL_SHARE and calls:
+            made = _turn(turn, calls, 0, told)
+            while _size(made[0]) + used > max_chars * FULL_SHARE and calls:
                 calls = calls[max(len(calls) // 4, 1):]  # the newest calls stay
-                el = _turn(turn, calls, len(turn.calls) - len(calls))
-            if _size(el) + used > max_chars * FULL_SHARE:
-                full, el = False, None
-        if el is None:
-            el = _brief(turn)
-            if _size(el) + used > max_chars:
+                made = _turn(turn, calls, len(turn.calls) - len(calls), told)
+            if _size(made[0]) + used > max_chars * FULL_SHARE:
+                full, made = False, None
+        if made is None:
+            made = _brief(turn, told)
+            if _size(made[0]) + used > max_chars:
                 break
+        el, names = made
+        told.update(names)
         used += _size(el)
         shown.append(el)
     if not shown:

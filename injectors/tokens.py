@@ -9,6 +9,7 @@ Loaded once, on first use (loading takes most of a second).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import math
 import os
@@ -107,6 +108,18 @@ def encoding_name() -> str:
     return _get()[0]
 
 
+# Recall prices the same lines and memories turn after turn (a session's candidates change
+# little between its turns): short texts are counted once. lru_cache is thread-safe, and the
+# counts come from the memory side's worker threads.
+MEMO_CHARS = 1024  # and at most MEMO_ENTRIES of them: 16 MiB of text at worst
+MEMO_ENTRIES = 16_384
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def _memo(text: str) -> int:
+    return _get()[1](text)
+
+
 def count(text: str) -> int:
     """Tokens in ``text``."""
-    return _get()[1](text)
+    return _memo(text) if len(text) <= MEMO_CHARS else _get()[1](text)

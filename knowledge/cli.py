@@ -145,7 +145,6 @@ def list_knowledge(settings: Settings, args: argparse.Namespace, catalogue: Cata
         bound.setdefault(b["knowledge_id"], []).append(f"{b['agent_id']}({b['priority']})")
     if not rows:
         print("no knowledge yet: ctxproxy knowledge add-wiki (or add-code) --team T --name N DIR")
-        return 0
     for r in rows:
         size = (f"files={r['file_count']}" if r["type"] == "code-graph"
                 else f"pages={r['page_count']}")
@@ -157,6 +156,11 @@ def list_knowledge(settings: Settings, args: argparse.Namespace, catalogue: Cata
             print(f"    repo: {r['repo_slug']}" + (f" ({r['branch']})" if r["branch"] else ""))
         if r["knowledge_id"] in bound:
             print(f"    bound to: {', '.join(bound[r['knowledge_id']])}")
+    if settings.memory_enabled and settings.chat_memory_asset:
+        # Not in the catalogue: the proxy serves one per team and agent from its memory.
+        print(f"chat_memory-{args.team or '<team>'}-<agent>  chat-memory  served by the proxy")
+        print("    each team and agent's own memory (search, read, recent), listed to the "
+              "model with the team's assets")
     return 0
 
 

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from knowledge.capability import Grant
 from knowledge.client import MAX_IDS, CoreError, parse_bindings, parse_items
 from knowledge.code_tools import CODE_TOOLS, call_code_tool
 from knowledge.model import BoundAsset, KnowledgeItem
@@ -89,6 +90,23 @@ class EmbeddedCore:
              "injection_mode": "tool", "priority": r["priority"], "created_at": r["created_at"]}
             for r in rows
         ]}
+
+    def authorise(self, service_id: str, grant: Grant, body: Body) -> None:
+        """Raise ServiceError (403) unless ``grant`` covers the asset ``body`` names: the
+        asset is its team's, and bound to its agent and user when the grant names them (the
+        same rule discovery lists assets by)."""
+        knowledge_id = _string(body, "knowledge_id")
+        if grant.service_id != service_id or grant.knowledge_id != knowledge_id:
+            raise ServiceError(403, "the capability token is for another asset or service")
+        rows = self.catalogue.knowledge(service_id, ids=[knowledge_id])
+        if not rows:
+            raise ServiceError(404, f"unknown knowledge_id {knowledge_id!r}")
+        if rows[0]["team_id"] != grant.team_id:
+            raise ServiceError(403, f"{knowledge_id!r} is not this team's")
+        if grant.agent_id and grant.user:
+            bound = self.catalogue.bindings(service_id, grant.agent_id, grant.user)
+            if not any(b["knowledge_id"] == knowledge_id for b in bound):
+                raise ServiceError(403, f"{knowledge_id!r} is not bound to this agent and user")
 
     # --- the knowledge service (wikis here, code graphs in code_tools) ----------------------------
 

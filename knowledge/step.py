@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+
 from injectors.instructions import append_block
 from injectors.knowledge_block import render
+from knowledge.capability import CapabilityKey, Grant, mint
 from knowledge.client import Discovery
-from request import Exchange
+from knowledge.local import LocalAssets
+from knowledge.model import Asset
+from request import Exchange, Identity
 
 __all__ = ["KnowledgeStep"]
 
@@ -19,9 +25,15 @@ class KnowledgeStep:
 
     name = "knowledge"
 
-    def __init__(self, discovery: Discovery, *, service_id: str) -> None:
+    def __init__(
+        self, discovery: Discovery, *, service_id: str, capability: CapabilityKey | None = None,
+        local: LocalAssets | None = None, clock: Callable[[], float] = time.time,
+    ) -> None:
         self.discovery = discovery
+        self.local = local  # the proxy's own assets (chat memory), listed after the core's
         self.service_id = service_id
+        self.capability = capability  # the embedded core's tools want one per asset and scope
+        self._clock = clock
 
     async def __call__(self, ex: Exchange) -> None:
         who = ex.identity
@@ -30,10 +42,31 @@ class KnowledgeStep:
         # over from the previous response.)
         if not who.team_id or ex.is_compaction:
             return
-        assets = await self.discovery.assets(who.team_id, who.agent_id, who.user_key)
-        block = render(assets, service_id=self.service_id, session_id=who.session_id)
+        assets = list(await self.discovery.assets(who.team_id, who.agent_id, who.user_key))
+        capabilities = self._capabilities(who, assets)
+        if self.local is not None and self.capability is not None:
+            now = self._clock()
+            for asset, grant in self.local.listed(who):
+                assets.append(asset)
+                capabilities[asset.item.knowledge_id] = mint(self.capability, grant, now=now)
+        block = render(assets, service_id=self.service_id, session_id=who.session_id,
+                       capabilities=capabilities)
         if block is None:
             return
         ex.body = append_block(ex.body, block)
         ex.changed = True
         ex.notes.knowledge_assets = len(assets)
+
+    def _capabilities(self, who: Identity, assets: Sequence[Asset]) -> dict[str, str]:
+        """Each asset's capability for this caller: bound to the agent and user when
+        discovery listed the agent's bound assets, else to the team (the same rule)."""
+        if self.capability is None or not who.team_id:
+            return {}
+        bound = bool(who.agent_id and who.user_key)
+        now = self._clock()
+        return {
+            a.item.knowledge_id: mint(self.capability, Grant(
+                self.service_id, who.team_id, (who.agent_id or "") if bound else "",
+                who.user if bound else "", a.item.knowledge_id), now=now)
+            for a in assets
+        }

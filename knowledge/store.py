@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from config.files import private_file
 from knowledge.wiki import Page
 
 __all__ = ["FILENAME", "Catalogue", "SyncResult", "WrongType"]
@@ -184,7 +185,7 @@ class Catalogue:
 
     @classmethod
     def open(cls, path: Path) -> Catalogue:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_file(path)
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")

@@ -22,6 +22,7 @@ import orjson
 
 from config import Settings
 from injectors.redact import redact
+from memory import forget as forget_
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError, user_ref
 from memory.stores import make_store
 
@@ -56,6 +57,9 @@ def register(commands: Any) -> None:
     p.add_argument("text")
     _scope_options(p, "scope of the new memory (default: CTXPROXY_SERVICE_ID/TEAM_ID/...)")
     p.add_argument("--key", help="idempotency key (default: derived from the text)")
+    p.add_argument("--shared", action="store_true",
+                   help="for every user of the team and agent (the scope's user is left "
+                        "empty; recall shows it to each of them as added by an operator)")
     p.set_defaults(func=_runner(_add))
 
     p = sub.add_parser("edit", help="change a memory's text")
@@ -63,8 +67,21 @@ def register(commands: Any) -> None:
     p.add_argument("text")
     p.set_defaults(func=_runner(_edit))
 
-    p = sub.add_parser("forget", help="delete a memory and what was distilled only from it")
-    p.add_argument("memory_id")
+    p = sub.add_parser(
+        "forget",
+        help="forget memories for good (a tombstone keeps them from being written again), "
+             "with what was distilled only from them",
+    )
+    p.add_argument("memory_ids", nargs="*", metavar="MEMORY_ID")
+    p.add_argument("--session", help="every memory of this session (narrowed by the scope "
+                                     "options)")
+    p.add_argument("--search", metavar="TEXT",
+                   help="every memory of one scope whose text holds TEXT (case-insensitive)")
+    _scope_options(p, "scope (--search: default CTXPROXY_SERVICE_ID/TEAM_ID/...; --session: "
+                      "filters)")
+    p.add_argument("--purge", action="store_true",
+                   help="also replace the lines they quote in other memories of their scope "
+                        "with [FORGOTTEN]")
     p.set_defaults(func=_runner(_forget))
 
     p = sub.add_parser("export", help="write memories as JSON lines")
@@ -224,23 +241,37 @@ async def _print_sources(store: Store, ids: Sequence[str], depth: int, seen: set
         await _print_sources(store, source.sources, depth + 1, seen | {memory_id})
 
 
-async def _add(store: Store, args: argparse.Namespace, settings: Settings) -> int:
-    text = redact(args.text.strip())  # a secret typed here is not kept either
-    if not text:
-        print("ctxproxy memory add: the text is empty", file=sys.stderr)
-        return 2
+def _scope_of(args: argparse.Namespace, settings: Settings) -> Scope:
+    """The scope the options name, the settings' defaults for those left out."""
     default_user = user_ref(settings.user_key.get_secret_value()) if settings.user_key else ""
-    scope = Scope(
+    return Scope(
         service_id=args.service if args.service is not None else settings.service_id,
         team_id=args.team if args.team is not None else settings.team_id or "",
         agent_id=args.agent if args.agent is not None else settings.agent_id or "",
         user=user if (user := _user(args)) is not None else default_user,
     )
+
+
+async def _add(store: Store, args: argparse.Namespace, settings: Settings) -> int:
+    text = redact(args.text.strip())  # a secret typed here is not kept either
+    if not text:
+        print("ctxproxy memory add: the text is empty", file=sys.stderr)
+        return 2
+    scope = _scope_of(args, settings)
+    attrs: dict[str, object] = {"origin": "cli"}
+    if args.shared:
+        scope = replace(scope, user="")
+        attrs["shared"] = True
     key = args.key or "cli:" + hashlib.sha256(text.encode()).hexdigest()[:24]
-    memory = Memory(type="semantic", scope=scope, key=key, text=text, attrs={"origin": "cli"})
-    stored = (await store.upsert([memory]))[0]
-    print(stored.memory_id)
-    print(_scope_note(scope), file=sys.stderr)
+    memory = Memory(type="semantic", scope=scope, key=key, text=text, attrs=attrs)
+    stored = await store.upsert([memory])
+    if not stored:
+        print("ctxproxy memory add: this memory was forgotten (a tombstone keeps it out)",
+              file=sys.stderr)
+        return 1
+    print(stored[0].memory_id)
+    print(_scope_note(scope, shared=args.shared, client_keys=bool(settings.client_keys)),
+          file=sys.stderr)
     return 0
 
 
@@ -253,15 +284,20 @@ def _user(args: argparse.Namespace) -> str | None:
     return args.user  # type: ignore[no-any-return]
 
 
-def _scope_note(scope: Scope) -> str:
+def _scope_note(scope: Scope, *, shared: bool = False, client_keys: bool = False) -> str:
     """Which requests will see a memory of ``scope`` (they must match all four parts)."""
     parts = [f"service {scope.service_id!r}",
              f"x-team-id {scope.team_id!r}" if scope.team_id else "no x-team-id",
-             f"x-agent-id {scope.agent_id!r}" if scope.agent_id else "no x-agent-id",
-             f"the user key of {scope.user}" if scope.user else "no x-tdai-user-key"]
+             f"x-agent-id {scope.agent_id!r}" if scope.agent_id else "no x-agent-id"]
+    if shared:
+        return "scope: requests with " + ", ".join(parts) + ", any user, see this memory"
+    parts.append(f"the user {scope.user}" if scope.user else "no x-tdai-user-key")
     note = "scope: requests with " + ", ".join(parts) + " see this memory"
     if not scope.user:
-        note += " (requests that send a user key do not: add --user-key)"
+        note += " (requests that send a user key do not: add --user-key, or --shared)"
+    elif client_keys and scope.user.startswith("u_"):
+        note += (" (under CTXPROXY_CLIENT_KEYS a scope also names the client key: give "
+                 "--user p_... as `memory list` shows it)")
     return note
 
 
@@ -280,33 +316,28 @@ async def _edit(store: Store, args: argparse.Namespace, settings: Settings) -> i
 
 
 async def _forget(store: Store, args: argparse.Namespace, settings: Settings) -> int:
-    if await store.get(args.memory_id) is None:
-        return _not_found(args.memory_id)
-    gone = await _distilled_only_from(store, args.memory_id)
-    await store.delete(list(gone))
-    for memory_id in gone:
+    if not (args.memory_ids or args.session or args.search):
+        print("ctxproxy memory forget: name memory ids, --session or --search", file=sys.stderr)
+        return 2
+    chosen: list[str] = []
+    for memory_id in args.memory_ids:
+        if await store.get(memory_id) is None:
+            return _not_found(memory_id)
+        chosen.append(memory_id)
+    if args.session:
+        f = _Filter.of(argparse.Namespace(**vars(args), types=None))
+        chosen += [m.memory_id for m in await _select(store, f, _SCAN)]
+    if args.search:
+        scope = _scope_of(args, settings)
+        wanted = args.search.casefold()
+        hits = await store.search(scope, args.search, limit=1000)
+        chosen += [h.memory.memory_id for h in hits if wanted in h.memory.text.casefold()]
+    done = await forget_.forget(store, list(dict.fromkeys(chosen)), purge=args.purge)
+    for memory_id in done.ids:
         print(f"forgot {memory_id}")
+    for memory_id in done.rewritten:
+        print(f"purged {memory_id}")
     return 0
-
-
-async def _distilled_only_from(store: Store, memory_id: str) -> list[str]:
-    """``memory_id`` and every record distilled only from forgotten records, to a fixpoint:
-    a fact merged from a forgotten fact goes too; one with a surviving source stays. A source
-    that no longer exists was forgotten before and counts as forgotten."""
-    records = await store.list(None, limit=_SCAN)
-    exists = {m.memory_id for m in records}
-    derived = [m for m in records if m.sources]
-    gone = {memory_id: None}
-    changed = True
-    while changed:
-        changed = False
-        for m in derived:
-            if m.memory_id in gone or not any(s in gone for s in m.sources):
-                continue
-            if all(s in gone or s not in exists for s in m.sources):
-                gone[m.memory_id] = None
-                changed = True
-    return list(gone)
 
 
 async def _export(store: Store, args: argparse.Namespace, settings: Settings) -> int:

@@ -37,15 +37,26 @@ class Offload(Protocol):
 
 
 class Pool:
-    """The memory side's worker threads."""
+    """The memory side's worker threads: ``run`` for the work a request waits for (a turn's
+    recall), ``background`` for what none waits for (storing episodes, distillation), on a
+    thread of its own so that under load a turn's recall never queues behind a backlog of
+    writes."""
 
-    def __init__(self, threads: int = THREADS) -> None:
+    def __init__(self, threads: int = THREADS, background_threads: int = 1) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="ctxproxy-memory-cpu")
+        self._background = ThreadPoolExecutor(background_threads,
+                                              thread_name_prefix="ctxproxy-memory-bg")
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
+    async def background(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._background,
+                                          functools.partial(fn, *args, **kwargs))
+
     def close(self) -> None:
         """Stop taking work; what runs finishes on its own (the side's tasks are gone)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._background.shutdown(wait=False, cancel_futures=True)

@@ -394,8 +394,10 @@ class Distiller:
         if deletes:
             await self._store.delete(deletes)
         if writes:
-            await self._store.upsert(writes)
-            log.info("distilled %d semantic memories", len(writes))
+            # A forgotten claim (a tombstone) is not written: it is not counted either.
+            writes = await self._store.upsert(writes)
+            if writes:
+                log.info("distilled %d semantic memories", len(writes))
         return len(writes)
 
     async def _grounded(self, write: Memory, existing: Sequence[Memory]) -> bool:

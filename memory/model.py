@@ -100,6 +100,10 @@ class Store(Protocol):
     async def delete(self, memory_ids: Sequence[str]) -> int:
         """Delete these records; returns how many were deleted."""
 
+    async def forget(self, memory_ids: Sequence[str], *, now: float | None = None) -> int:
+        """Delete these records and leave a tombstone for each (scope, type, key): no write
+        of that key lands again, from any process. Returns how many were deleted."""
+
     async def search(
         self,
         scope: Scope,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from config import Settings
 from memory.cpu import Offload
 from memory.model import MEMORY_TYPES, Memory, MemoryType, Scope, Store
-from memory.snippets import SNIPPET_TOKENS, lines_of, snippet
+from memory.snippets import SNIPPET_TOKENS, lines_of, questions, snippet
 
 __all__ = [
     "Candidate", "Recaller", "Weights", "decay", "mentioned_ids", "score", "select",
@@ -184,11 +184,18 @@ class Recaller:
     ) -> list[Candidate]:
         """The session's working memory from turns outside the window, and the scope's
         semantic memory, each with its query-independent relevance."""
-        working, semantic = await asyncio.gather(
+        # No session (''): no working memory to read. A user's scope also shows what an
+        # operator shared with every user of its team and agent (``memory add --shared``),
+        # never what was distilled in the scope without a user.
+        team = replace(scope, user="")
+        working, semantic, shared = await asyncio.gather(
             self._store.list(scope, types=["working"], session_id=session, now=now,
-                             limit=STANDING_LIMIT),
+                             limit=STANDING_LIMIT if session else 0),
             self._store.list(scope, types=["semantic"], now=now, limit=STANDING_LIMIT),
+            self._store.list(team, types=["semantic"], now=now,
+                             limit=STANDING_LIMIT if scope.user else 0),
         )
+        semantic += [m for m in shared if m.attrs.get("shared") is True]
         out = [Candidate(m, 1.0) for m in working if _outside(m, window)]
         for m in semantic:
             standing = m.attrs.get("score", 1.0)
@@ -224,12 +231,20 @@ class Recaller:
         more of its memory is left out."""
         if self.k <= 0 or budget <= 0:
             return []
-        hits, recent = await asyncio.gather(
-            self._store.search(scope, query, types=["episodic", "semantic"],
-                               limit=SEARCH_LIMIT, now=now),
+        # A long prompt is searched as a whole and by each of its questions: the words of
+        # the question are what the memory shares, the rest says what the task is about.
+        asked = await self._offload(questions, query)
+        found, recent = await asyncio.gather(
+            asyncio.gather(*(
+                self._store.search(scope, q, types=["episodic", "semantic"],
+                                   limit=SEARCH_LIMIT, now=now)
+                for q in [query, *asked]
+            )),
             self._store.list(scope, types=["episodic"], session_id=session,
-                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT, now=now),
+                             since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
+                             now=now),
         )
+        hits = [h for part in found for h in part]
         ids = await self._offload(mentioned_ids, query)
         named = await asyncio.gather(*(self._store.get(i) for i in ids))
         candidates: list[Candidate] = []

@@ -106,18 +106,24 @@ QUESTION_SCAN_CHARS = 8000
 
 
 def questions(query: str) -> list[str]:
-    """The first few questions of a long prompt (sentences that end with '?'); none for a
-    short one, which is its own question."""
+    """The first few questions of a long prompt, each with the sentence before it in its
+    paragraph (where what it asks about is often named); none for a short prompt, which is its
+    own question. A sentence ends at '.', '!' or '?' before a space, or at a line break: a
+    path's or a version's dots do not end one."""
     if len(query.split(None, LONG_QUERY_WORDS)) <= LONG_QUERY_WORDS:
         return []
+    text = query[:QUESTION_SCAN_CHARS]
     out = []
-    start = 0
-    for at, char in enumerate(query[:QUESTION_SCAN_CHARS]):
-        if char in ".!\n":
-            start = at + 1
-        elif char == "?":
-            out.append(query[start : at + 1])
-            start = at + 1
+    before = start = 0  # where the sentence before this one starts, and this one
+    for at, char in enumerate(text):
+        end = at + 1 == len(text) or text[at + 1].isspace()
+        if char == "\n":
+            before = start = at + 1
+        elif char in ".!" and end:
+            before, start = start, at + 1
+        elif char == "?" and end:
+            out.append(text[before : at + 1].strip())
+            before = start = at + 1
             if len(out) == MAX_QUESTIONS:
                 break
     return out
@@ -197,7 +203,13 @@ def snippet(
     # prompt alone.
     for n in matched or (range(1, len(lines)) if scores[0] == 0 else ()):
         with_call = [m for m in (contexts[n], n) if m is not None and m not in chosen]
-        for group in (with_call, [n]):  # with the call that printed it, else alone
+        # A matching line right after it goes with it (a diff's index line after its file
+        # line, a grep hit's next line): the answer often stands next to what names it.
+        after = n + 1
+        follow = (after < len(lines) and scores[after] > 0 and after not in chosen
+                  and contexts[after] == contexts[n])
+        groups = ([[*with_call, after]] if follow and matched else []) + [with_call, [n]]
+        for group in groups:  # with the call that printed it, else alone
             price = sum(cost(m) + 2 for m in group)  # and a gap mark
             if used + price <= max_tokens:
                 chosen.update(group)

@@ -18,7 +18,9 @@ from typing import Literal
 from injectors.bounds import clip
 from memory.words import terms
 
-__all__ = ["Claim", "claims", "constraints", "is_question", "jaccard", "sentences"]
+__all__ = [
+    "Claim", "claims", "constraints", "is_question", "is_unsafe", "jaccard", "sentences",
+]
 
 ClaimKind = Literal["prefer", "fact", "rule"]
 
@@ -65,6 +67,33 @@ _RULE = re.compile(
     r"\b(?P<mode>always|never|must not|mustn't|must|don't|do not)\s+(?P<action>[^,;:.!?]{3,80})",
     re.IGNORECASE,
 )
+
+
+# A statement that carries a command to run (a download piped into a shell, a recursive
+# delete), a credential, or an order to drop the agent's instructions is never distilled: a
+# semantic memory is replayed in every later session of its scope, and such a sentence is
+# either an injection or a one-off that must not become standing advice. Linear: each
+# alternative is a short literal or a run bounded by a class.
+_UNSAFE = re.compile(
+    r"\|[ \t]*+(?:sudo[ \t]++)?(?:ba|z|k|da|fi|c|tc)?sh\b"
+    r"|\|[ \t]*+(?:sudo[ \t]++)?(?:python3?|perl|ruby|node|pwsh|powershell|iex|source)\b"
+    r"|\brm[ \t]++-[a-z]{0,6}(?:r[a-z]{0,6}f|f[a-z]{0,6}r)"
+    r"|\brm[ \t]++--(?:recursive|force)\b"
+    r"|\$\([ \t]*+(?:curl|wget)\b|\beval\b[^\n]{0,40}(?:curl|wget|base64)"
+    r"|\bbase64[ \t]++(?:-d|--decode)\b|\bchmod[ \t]++(?:-R[ \t]++)?0?777\b"
+    r"|\bmkfs\b|\bdd[ \t]++if=|:\(\)[ \t]*+\{"
+    r"|\bignore[ \t]++(?:all[ \t]++|any[ \t]++)?(?:the[ \t]++)?(?:previous|prior|above|earlier)"
+    r"|\bsystem[ \t]++override\b|\bjailbreak"
+    r"|\b(?:password|passwd|passphrase|api[ _-]?key|secret[ _-]?key|access[ _-]?key"
+    r"|private[ _-]?key|credentials?|token)\b"
+    r"|\[REDACTED",
+    re.IGNORECASE,
+)
+
+
+def is_unsafe(sentence: str) -> bool:
+    """Whether ``sentence`` carries a command, a credential or an injection (never distilled)."""
+    return _UNSAFE.search(sentence) is not None
 
 
 def jaccard(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -> float:
@@ -150,7 +179,7 @@ def claims(text: str) -> list[Claim]:
     """Every claim stated in ``text`` (questions state nothing)."""
     out: list[Claim] = []
     for sentence in sentences(text):
-        if not is_question(sentence):
+        if not is_question(sentence) and not is_unsafe(sentence):
             out += _sentence_claims(sentence)
     return out
 

@@ -52,7 +52,7 @@ TurnKey = tuple[Scope, str, str, int]
 def scope_of(settings: Settings, identity: Identity) -> Scope:
     """Whose memory a request reads and writes."""
     return Scope(
-        settings.service_id, identity.team_id or "", identity.agent_id or "", identity.user
+        settings.service_id, identity.team_id or "", identity.agent_id or "", identity.owner
     )
 
 
@@ -236,13 +236,18 @@ class MemoryStep:
         turns = await self._offload(turns_.split, session, ex.history, ex.first_turn)
         if not turns:
             return Prepared()
-        try:
-            await self._working.update(
-                scope, session, turns, now=now, compacted=ex.history.compacted
-            )
-            self._health.ok("working memory")
-        except StoreError as exc:
-            self._health.failed("working memory", exc)
+        # Working memory is a session's own: a client that names no session (no session id,
+        # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
+        # shared by everyone who opens the same way. Its turns are still remembered.
+        own = session if ex.identity.session_id else ""
+        if own:
+            try:
+                await self._working.update(
+                    scope, session, turns, now=now, compacted=ex.history.compacted
+                )
+                self._health.ok("working memory")
+            except StoreError as exc:
+                self._health.failed("working memory", exc)
         # The job keeps the parsed history alive until it runs: about the request's bytes.
         self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
                         len(ex.raw))
@@ -255,7 +260,7 @@ class MemoryStep:
         whole = {t.prompt_key for t in turns
                  if t.in_window and t.index not in ex.masked_turns}
         try:
-            standing = await self._standing_for(scope, session, window, now)
+            standing = await self._standing_for(scope, own, window, now)
             used = await self._offload(self._recaller.cost, standing) if standing else 0
             newest = self._shown.get(forwarded[-1][1]) if forwarded else None
             if newest is not None:  # this turn recalled already (a retry, another turn id)
@@ -266,7 +271,7 @@ class MemoryStep:
                     for memory_id, lines in shown.lines if shown is not None else ():
                         seen.setdefault(memory_id, set()).update(lines)
                 recalled = await self._recaller.recall(
-                    scope, session, turns[-1].user, window=whole,
+                    scope, own, turns[-1].user, window=whole,
                     exclude={m.memory_id for m in standing}, shown=seen,
                     budget=self._recaller.budget - used, now=now,
                     min_score=self._settings.recall_min_score,

@@ -72,7 +72,49 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ANALYZE memories",
         ),
     ),
+    (
+        3,
+        (
+            # Forget sticks: a forgotten record leaves a tombstone (its scope, type and key,
+            # no text), and a row with that key is never inserted again, by any replica.
+            """
+            CREATE TABLE forgotten (
+                service_id   text NOT NULL,
+                team_id      text NOT NULL,
+                agent_id     text NOT NULL,
+                user_ref     text NOT NULL,
+                type         text NOT NULL,
+                key          text NOT NULL,
+                forgotten_at double precision NOT NULL,
+                PRIMARY KEY (service_id, team_id, agent_id, user_ref, type, key)
+            )
+            """,
+            """
+            CREATE FUNCTION memories_forgotten() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM forgotten f WHERE f.service_id = NEW.service_id
+                        AND f.team_id = NEW.team_id AND f.agent_id = NEW.agent_id
+                        AND f.user_ref = NEW.user_ref AND f.type = NEW.type
+                        AND f.key = NEW.key) THEN
+                    RETURN NULL;
+                END IF;
+                RETURN NEW;
+            END $$
+            """,
+            """CREATE TRIGGER memories_forgotten BEFORE INSERT ON memories
+                   FOR EACH ROW EXECUTE FUNCTION memories_forgotten()""",
+        ),
+    ),
 )
+_FORGET = """
+WITH gone AS (
+    DELETE FROM memories WHERE memory_id = ANY(%(ids)s)
+    RETURNING service_id, team_id, agent_id, user_ref, type, key
+), kept AS (
+    INSERT INTO forgotten SELECT gone.*, %(now)s FROM gone ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM gone
+"""
 
 _COLUMNS = (
     "memory_id, type, service_id, team_id, agent_id, user_ref, key, text, session_id, "
@@ -82,12 +124,14 @@ _UPSERT = f"""
 INSERT INTO memories ({_COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT ON CONSTRAINT memories_scope_type_key DO UPDATE SET
-    text = EXCLUDED.text,
+    -- A purged record (memory/forget.py) keeps its text: a resent turn must not write the
+    -- forgotten lines back.
+    text = CASE WHEN memories.attrs ? 'purged' THEN memories.text ELSE EXCLUDED.text END,
     session_id = EXCLUDED.session_id,
     turn_index = EXCLUDED.turn_index,
     in_window = EXCLUDED.in_window,
     sources = EXCLUDED.sources,
-    attrs = EXCLUDED.attrs,
+    attrs = CASE WHEN memories.attrs ? 'purged' THEN memories.attrs ELSE EXCLUDED.attrs END,
     updated_at = EXCLUDED.updated_at,
     expires_at = EXCLUDED.expires_at
 RETURNING {_COLUMNS}
@@ -113,8 +157,11 @@ WHERE c.oid = 'memories'::regclass
 # lexemes (found through the GIN index alone: the scope index would add a bitmap of the
 # whole scope), the newest matches of the commoner ones (a walk down the scope index), then
 # ranked exactly: first how many of the question's lexemes a record holds, then ts_rank.
-_RARE = """rare AS MATERIALIZED (
-    SELECT memory_id FROM memories WHERE tsv @@ %(rare)s::tsquery LIMIT %(cap)s
+# The scope is part of each candidate query, before its cap: another scope's volume never
+# fills the cap (one tenant hiding another's memories).
+_RARE = f"""rare AS MATERIALIZED (
+    SELECT m.memory_id FROM memories m WHERE m.tsv @@ %(rare)s::tsquery AND {_FILTERS}
+    LIMIT %(cap)s
 )"""
 _RECENT = f"""recent AS MATERIALIZED (
     SELECT m.memory_id FROM memories m WHERE {_FILTERS} AND m.tsv @@ %(common)s::tsquery
@@ -226,10 +273,9 @@ class PostgresStore:
             except StoreError as exc:
                 if attempt == 2 or _sqlstate(exc) not in _RETRY_SQLSTATES:
                     raise
-        result: list[Memory | None] = [None] * len(memories)
-        for position, memory in zip(order, stored, strict=True):
-            result[position] = memory
-        return [m for m in result if m is not None]
+        # A forgotten key (a tombstone) is not written: it has no row in ``stored``.
+        at = {_conflict_key(m): n for n, m in enumerate(memories)}
+        return sorted(stored, key=lambda m: at.get(_conflict_key(m), len(memories)))
 
     async def _upsert_rows(self, params: list[tuple[Any, ...]]) -> list[Memory]:
         stored: list[Memory] = []
@@ -257,6 +303,15 @@ class PostgresStore:
                 "DELETE FROM memories WHERE memory_id = ANY(%s)", (list(memory_ids),)
             )
             return cur.rowcount
+
+    async def forget(self, memory_ids: Sequence[str], *, now: float | None = None) -> int:
+        if not memory_ids:
+            return 0
+        params = {"ids": list(memory_ids), "now": time.time() if now is None else now}
+        async with self._conn() as conn:
+            cur = await conn.execute(_FORGET, params)
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
     async def search(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import math
 import re
 import sqlite3
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from config.files import private_file
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
 from memory.words import terms
@@ -95,7 +97,72 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         END;
         """,
     ),
+    (
+        3,
+        # Search bounds its candidates (memory/search.py); bounded across every scope, one
+        # scope's volume pushed another's matches out. The scope is now a column of the
+        # index, and every full-text query of a search names it, so each bound is taken
+        # within the scope. ``scope`` is a token (see scope_token), written by the store.
+        """
+        DROP TRIGGER memories_ai;
+        DROP TRIGGER memories_ad;
+        DROP TRIGGER memories_au;
+        DROP TABLE memories_fts;
+        ALTER TABLE memories ADD COLUMN scope TEXT NOT NULL DEFAULT '';
+        UPDATE memories SET scope = ctxproxy_scope_token(service_id, team_id, agent_id,
+            user_ref);
+        CREATE VIRTUAL TABLE memories_fts USING fts5(
+            text, scope, content='memories', content_rowid='id', tokenize='porter unicode61'
+        );
+        INSERT INTO memories_fts (memories_fts) VALUES ('rebuild');
+        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+            INSERT INTO memories_fts (rowid, text, scope) VALUES (new.id, new.text, new.scope);
+        END;
+        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+            INSERT INTO memories_fts (memories_fts, rowid, text, scope)
+                VALUES ('delete', old.id, old.text, old.scope);
+        END;
+        CREATE TRIGGER memories_au AFTER UPDATE OF text ON memories
+        WHEN old.text IS NOT new.text BEGIN
+            INSERT INTO memories_fts (memories_fts, rowid, text, scope)
+                VALUES ('delete', old.id, old.text, old.scope);
+            INSERT INTO memories_fts (rowid, text, scope) VALUES (new.id, new.text, new.scope);
+        END;
+        """,
+    ),
+    (
+        4,
+        # Forget sticks: a forgotten record leaves a tombstone (its scope, type and key, no
+        # text), and a row with that key is never inserted again, whoever writes it (ingest
+        # of a resent turn, distillation, a restart, another process).
+        """
+        CREATE TABLE forgotten (
+            service_id   TEXT NOT NULL,
+            team_id      TEXT NOT NULL,
+            agent_id     TEXT NOT NULL,
+            user_ref     TEXT NOT NULL,
+            type         TEXT NOT NULL,
+            key          TEXT NOT NULL,
+            forgotten_at REAL NOT NULL,
+            PRIMARY KEY (service_id, team_id, agent_id, user_ref, type, key)
+        ) WITHOUT ROWID;
+        CREATE TRIGGER memories_forgotten BEFORE INSERT ON memories
+        WHEN EXISTS (SELECT 1 FROM forgotten f WHERE f.service_id = new.service_id
+            AND f.team_id = new.team_id AND f.agent_id = new.agent_id
+            AND f.user_ref = new.user_ref AND f.type = new.type AND f.key = new.key)
+        BEGIN
+            SELECT RAISE(IGNORE);
+        END;
+        """,
+    ),
 )
+
+
+def scope_token(service_id: str, team_id: str, agent_id: str, user: str) -> str:
+    """A scope as one full-text token (letters and digits): what a search's queries require."""
+    joined = "\0".join((service_id, team_id, agent_id, user)).encode()
+    return "s" + hashlib.sha256(joined).hexdigest()[:30]
+
 
 _COLUMNS = (
     "memory_id, type, service_id, team_id, agent_id, user_ref, key, text, session_id, "
@@ -104,14 +171,17 @@ _COLUMNS = (
 _M_COLUMNS = ", ".join("m." + c.strip() for c in _COLUMNS.split(","))
 _REALS = frozenset({"created_at", "updated_at", "expires_at"})
 _UPSERT = f"""
-INSERT INTO memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO memories ({_COLUMNS}, scope)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (service_id, team_id, agent_id, user_ref, type, key) DO UPDATE SET
-    text = excluded.text,
+    -- A purged record (memory/forget.py) keeps its text: a resent turn must not write the
+    -- forgotten lines back.
+    text = iif(json_extract(memories.attrs, '$.purged'), memories.text, excluded.text),
     session_id = excluded.session_id,
     turn_index = excluded.turn_index,
     in_window = excluded.in_window,
     sources = excluded.sources,
-    attrs = excluded.attrs,
+    attrs = iif(json_extract(memories.attrs, '$.purged'), memories.attrs, excluded.attrs),
     updated_at = excluded.updated_at,
     expires_at = excluded.expires_at
 RETURNING {_COLUMNS}
@@ -161,9 +231,9 @@ class SqliteStore:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_file(self.path)
         except OSError as exc:
-            raise StoreError(f"sqlite: cannot create {self.path.parent}: {exc}") from exc
+            raise StoreError(f"sqlite: cannot create {self.path}: {exc}") from exc
         conn = sqlite3.connect(
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
@@ -218,7 +288,9 @@ class SqliteStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             for row in rows:
-                stored.append(_memory(db.execute(_UPSERT, row).fetchone()))
+                found = db.execute(_UPSERT, row).fetchone()
+                if found is not None:  # None: the key was forgotten (a tombstone)
+                    stored.append(_memory(found))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:  # a failed COMMIT may have rolled back already
@@ -247,6 +319,32 @@ class SqliteStore:
 
         return await self._run(delete)
 
+    async def forget(self, memory_ids: Sequence[str], *, now: float | None = None) -> int:
+        if not memory_ids:
+            return 0
+        ids = list(memory_ids)
+        at = time.time() if now is None else now
+
+        def forget() -> int:
+            db = self._db()
+            marks = ", ".join("?" * len(ids))
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "INSERT OR IGNORE INTO forgotten SELECT service_id, team_id, agent_id,"
+                    f" user_ref, type, key, ? FROM memories WHERE memory_id IN ({marks})",
+                    [at, *ids],
+                )
+                gone = db.execute(f"DELETE FROM memories WHERE memory_id IN ({marks})", ids)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return gone.rowcount
+
+        return await self._run(forget)
+
     async def search(
         self,
         scope: Scope,
@@ -266,10 +364,13 @@ class SqliteStore:
         self, scope: Scope, words: list[str], types: list[str], limit: int, now: float
     ) -> list[Hit]:
         db = self._db()
-        total, counted = _rarest(db, words)
+        within = _within(scope)
+        total, counted = _rarest(db, words, within)
         df = [n for n, _ in counted]
         idf = [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) for n in df]
-        sql, params = _candidates_sql([_phrase(w) for _, w in counted], idf, bound(df, BUDGET))
+        sql, params = _candidates_sql(
+            [_phrase(w) for _, w in counted], idf, bound(df, BUDGET), within
+        )
         params.update(service=scope.service_id, team=scope.team_id, agent=scope.agent_id,
                       user=scope.user, now=now, limit=max(limit, _RERANK),
                       **{f"type{i}": t for i, t in enumerate(types)})
@@ -383,6 +484,7 @@ def _wal(conn: sqlite3.Connection) -> None:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
+    conn.create_function("ctxproxy_scope_token", 4, scope_token, deterministic=True)
     # IMMEDIATE: two processes opening one new file apply each version once.
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -414,39 +516,44 @@ def _statements(script: str) -> list[str]:
     return out
 
 
-def _rarest(db: sqlite3.Connection, words: Sequence[str]) -> tuple[int, list[tuple[int, str]]]:
+def _rarest(
+    db: sqlite3.Connection, words: Sequence[str], within: Callable[[str], str]
+) -> tuple[int, list[tuple[int, str]]]:
     """About how many records there are, and the ``MAX_WORDS`` rarest words with their match
     counts (up to ``BUDGET + 1``), rarest first. Counted with a low cap first, since a long
     prompt's rare words are usually enough."""
     low = BUDGET // MAX_WORDS + 1
-    total, *first = _counts(db, words, low)
+    total, *first = _counts(db, words, low, within)
     counted = list(zip(first, words, strict=True))
     rare = [c for c in counted if c[0] < low]
     common = [w for n, w in counted if n >= low]
     if len(rare) < MAX_WORDS and common:
-        _, *again = _counts(db, common, BUDGET + 1)
+        _, *again = _counts(db, common, BUDGET + 1, within)
         rare += zip(again, common, strict=True)
     # The commonest words of a long prompt say least about which memory is meant.
     return total, sorted(rare, key=lambda c: c[0])[:MAX_WORDS]
 
 
-def _counts(db: sqlite3.Connection, words: Sequence[str], cap: int) -> list[int]:
-    """The largest rowid (about how many records), then each word's matches up to ``cap``."""
+def _counts(
+    db: sqlite3.Connection, words: Sequence[str], cap: int, within: Callable[[str], str]
+) -> list[int]:
+    """The largest rowid (about how many records), then each word's matches in the scope up
+    to ``cap``."""
     each = ", ".join(
         f"(SELECT count(*) FROM ({_MATCH} :w{i} LIMIT :cap))" for i in range(len(words))
     )
-    params: dict[str, object] = {f"w{i}": _phrase(w) for i, w in enumerate(words)}
+    params: dict[str, object] = {f"w{i}": within(_phrase(w)) for i, w in enumerate(words)}
     row = db.execute(f"SELECT (SELECT max(id) FROM memories), {each}", {**params, "cap": cap})
     return [int(n or 0) for n in row.fetchone()]
 
 
 def _candidates_sql(
-    phrases: Sequence[str], idf: Sequence[float], plan: Bounds
+    phrases: Sequence[str], idf: Sequence[float], plan: Bounds, within: Callable[[str], str]
 ) -> tuple[str, dict[str, object]]:
     """One statement: the bounded candidates of the words in scope, alive and of the asked
     types (``:types``), the best first: words matched, BM25 with term frequency 1,
     updated_at, memory_id (the ranking), rowid, and the indices of the words each holds."""
-    params: dict[str, object] = {f"p{i}": p for i, p in enumerate(phrases)}
+    params: dict[str, object] = {f"p{i}": within(p) for i, p in enumerate(phrases)}
     params.update({f"idf{i}": v for i, v in enumerate(idf)})
     rare = " OR ".join(phrases[i] for i in plan.rare)
     hits = [f"SELECT rowid AS id, {i} AS w, :idf{i} AS idf, 1 AS rare FROM memories_fts "
@@ -455,7 +562,7 @@ def _candidates_sql(
     pool = "c.rare = 1"
     if plan.common:
         # Which of the rare words' matches and of the newest matches hold a common word.
-        params["common"] = " OR ".join(phrases[i] for i in plan.common)
+        params["common"] = within(" OR ".join(phrases[i] for i in plan.common))
         params.update(scan=_RECENT_SCAN, recent=RECENT)
         ctes.append(f"""recent(id) AS MATERIALIZED (
             SELECT m.id FROM ({_MATCH} :common ORDER BY rowid DESC LIMIT :scan) AS f
@@ -465,11 +572,11 @@ def _candidates_sql(
         for i in plan.common:
             # Rare-word matches and newest matches overlap: each row is found once.
             common = f"SELECT rowid AS id, {i} AS w, :idf{i} AS idf, 0 AS rare FROM memories_fts"
-            params[f"n{i}"] = f"{phrases[i]} NOT ({rare})" if rare else phrases[i]
+            params[f"n{i}"] = within(f"{phrases[i]} NOT ({rare})" if rare else phrases[i])
             hits.append(f"{common} WHERE memories_fts MATCH :n{i}"
                         " AND rowid >= (SELECT min(id) FROM recent)")
             if rare:
-                params[f"q{i}"] = f"{phrases[i]} AND ({rare})"
+                params[f"q{i}"] = within(f"{phrases[i]} AND ({rare})")
                 hits.append(f"{common} WHERE memories_fts MATCH :q{i}")
     ctes += [
         "hits AS (" + " UNION ALL ".join(hits) + ")",
@@ -528,6 +635,12 @@ def _fold(token: str) -> str:
     return token
 
 
+def _within(scope: Scope) -> Callable[[str], str]:
+    """A full-text query confined to ``scope``'s records."""
+    token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
+    return lambda query: f'scope : "{token}" AND ({query})'
+
+
 def _phrase(word: str) -> str:
     """One FTS5 string token: quoted, so no word is ever read as query syntax."""
     return '"' + word.replace('"', '""') + '"'
@@ -543,6 +656,7 @@ def _params(m: Memory) -> tuple[Any, ...]:
         m.memory_id, m.type, s.service_id, s.team_id, s.agent_id, s.user, m.key, m.text,
         m.session_id, m.turn_index, int(m.in_window), orjson.dumps(list(m.sources)).decode(),
         orjson.dumps(m.attrs).decode(), m.created_at, m.updated_at, m.expires_at,
+        scope_token(s.service_id, s.team_id, s.agent_id, s.user),
     )
 
 

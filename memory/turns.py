@@ -23,6 +23,7 @@ ASSISTANT_CHARS = 2000
 ARGS_CHARS = 300
 OUTPUT_CHARS = 16_000
 TURN_CHARS = 64_000
+TAIL_SNAP_CHARS = 4000  # how far the kept tail of a long turn may move to start at an entry
 # Continuation lines of a rendered entry start with this, so that every line that does not is
 # an entry's head ("User:", "Tool call NAME:", ...): a snippet can find a line's call.
 INDENT = "  "
@@ -170,4 +171,24 @@ def render(turn: Turn) -> tuple[str, list[str]]:
             if output is not None:
                 entries.append(_entry(f"Tool output {name}", _clip(output, OUTPUT_CHARS)))
     entries += [_entry("Tool output tool", _clip(out, OUTPUT_CHARS)) for out in outputs.values()]
-    return _clip("\n".join(entries), TURN_CHARS), list(dict.fromkeys(tools))
+    return _ends("\n".join(entries)), list(dict.fromkeys(tools))
+
+
+def _ends(text: str) -> str:
+    """``text`` within TURN_CHARS: its head and its tail, each from an entry's start, with a
+    line saying what was left out between them. A long task's end (the patch it submitted,
+    its answer) is what is asked about later, as much as its start."""
+    if len(text) <= TURN_CHARS:
+        return text
+    half = TURN_CHARS // 2 - 100
+    head = text[:half]
+    tail = text[-half:]
+    # The tail starts at an entry's head when one is near (every output line keeps its
+    # call), else at a line's start, else where it is.
+    near = tail[:TAIL_SNAP_CHARS]
+    at = min((p for p in (near.find("\n" + c) for c in "TUA") if p >= 0), default=-1)
+    if at < 0:
+        at = near.find("\n")
+    tail = tail[at + 1 :]  # at -1: as it is
+    left = len(text) - len(head) - len(tail)
+    return f"{head}\n[… {left} characters of this turn left out …]\n{tail}"

@@ -18,7 +18,7 @@ from aiohttp import web
 from config import Settings
 from config.logs import fields
 from proxy import bodies, targets
-from proxy.auth import client_auth, load_client_keys
+from proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import request_headers, response_headers
 from proxy.metrics import Metrics, sample_loop_lag
@@ -308,7 +308,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     body = raw
     ex: Exchange | None = None
     try:
-        ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS])
+        ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
+                                      request.get(PRINCIPAL))
     except NotAResponsesRequest as exc:
         _forward_as_sent(app, info, exc)
     else:

@@ -21,6 +21,7 @@ from config import Settings, SettingsError, describe_settings, load_settings, lo
 from config.settings import unknown_settings
 from proxy import workers
 from proxy.bodies import SERVER_OPTIONS
+from proxy.server import Runner
 
 log = logging.getLogger("ctxproxy")
 
@@ -136,7 +137,7 @@ async def _serve(settings: Settings, *, worker: int | None = None,
     from proxy.assemble import build_app
 
     app = build_app(settings)
-    runner = web.AppRunner(
+    runner = Runner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
     )
     await runner.setup()

@@ -57,6 +57,12 @@ class Unauthorized(ProxyError):
     code = "invalid_api_key"
 
 
+class Forbidden(ProxyError):
+    status = 403
+    type = "invalid_request_error"
+    code = "identity_not_allowed"
+
+
 class ClientClosed(Exception):
     """The client hung up while the answer was being relayed: nothing more can be sent."""
 

@@ -90,7 +90,7 @@ def _last(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     headers = {}
     keys = load_client_keys(settings.client_keys)
     if keys:
-        headers["Authorization"] = "Bearer " + keys[0].decode()
+        headers["Authorization"] = "Bearer " + keys[0].key.decode()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request line is noise here
     response = httpx.get(url + "/ctxproxy/explain/last", params=params, headers=headers,
                          timeout=30)

@@ -3,38 +3,65 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from config import Settings
+from config.files import secret_key
+from knowledge.capability import CapabilityKey
 from knowledge.client import Core, Discovery, HttpCore
-from knowledge.routes import EMBEDDED, add_routes
+from knowledge.routes import EMBEDDED, add_routes, add_tool_routes
 from knowledge.service import EmbeddedCore, LocalCore
 from knowledge.step import KnowledgeStep
 from knowledge.store import FILENAME, Catalogue
 from proxy.app import METRICS, SETTINGS
+from proxy.chat_memory import ChatMemoryAssets
 from request import Step
 
 DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
+CAPABILITY = web.AppKey("knowledge_capability", CapabilityKey)
+LOCAL = web.AppKey("knowledge_local", ChatMemoryAssets)
+CAPABILITY_KEY_FILE = "capability.key"
 
 
 def install(app: web.Application) -> None:
     """Add the knowledge side's cleanup contexts and local routes to app.
 
     Without ``CORE_URL`` the embedded core opens first and its routes are mounted here, so
-    the model can curl the wiki service on the proxy's own port.
+    the model can curl the wiki service on the proxy's own port; with it, only the tools
+    routes of the chat-memory asset are.
     """
     settings = app[SETTINGS]
+    token = settings.core_token.get_secret_value() if settings.core_token else None
+    app[CAPABILITY] = capability = _capability_key(settings, token)
+    # The chat-memory asset is the proxy's own, with the embedded core or a remote one.
+    app[LOCAL] = local = ChatMemoryAssets(app, settings)
     if settings.core_url is None:
         app.cleanup_ctx.append(_embedded_ctx)
-        token = settings.core_token.get_secret_value() if settings.core_token else None
-        add_routes(app, token)
+        add_routes(app, token, capability, local)
+    elif settings.memory_enabled:
+        add_tool_routes(app, capability, local)
     app.cleanup_ctx.append(_discovery_ctx)
+
+
+def _capability_key(settings: Settings, core_token: str | None) -> CapabilityKey:
+    """From the core token when one is set (replicas configured alike agree on it), else a
+    key made once in the data directory."""
+    if core_token:
+        secret = hmac.new(core_token.encode(), b"ctxproxy-capability-key",
+                          hashlib.sha256).digest()
+    else:
+        secret = secret_key(settings.data_dir, CAPABILITY_KEY_FILE)
+    return CapabilityKey(secret, settings.capability_ttl_s)
 
 
 def step(app: web.Application) -> Step | None:
     """The knowledge pipeline step (called at start-up, after every context is open)."""
-    return KnowledgeStep(app[DISCOVERY], service_id=app[SETTINGS].service_id)
+    return KnowledgeStep(app[DISCOVERY], service_id=app[SETTINGS].service_id,
+                         capability=app.get(CAPABILITY), local=app.get(LOCAL))
 
 
 async def _embedded_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -105,7 +105,7 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pend
         model = value if isinstance(value, str) else ""
         session = ex.identity.session_id or ""
         team, agent = ex.identity.team_id or "", ex.identity.agent_id or ""
-        user = ex.identity.user
+        user = ex.identity.owner  # as memory scopes name it
     record = Record(
         at=sent.at, session_id=_text(session), model=_text(model), status=status,
         service_id=settings.service_id, team_id=_text(team), agent_id=_text(agent),

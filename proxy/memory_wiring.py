@@ -109,7 +109,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     pool = Pool()
     distiller = Distiller(
         store, threshold=settings.semantic_threshold, interval_s=settings.distill_interval_s,
-        health=health, offload=pool.run,
+        health=health, offload=pool.background,
     )
     recaller = Recaller(
         store,
@@ -123,7 +123,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     memory_step = MemoryStep(
         settings,
         working=Working(store, queue, settings.working_ttl_s, offload=pool.run),
-        ingester=Ingester(store, on_new=distiller.notify, offload=pool.run),
+        ingester=Ingester(store, on_new=distiller.notify, offload=pool.background),
         recaller=recaller,
         queue=queue,
         health=health,

@@ -16,9 +16,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import os
 import re
-import secrets
 import shlex
 import sys
 from collections.abc import AsyncIterator
@@ -29,6 +27,7 @@ import orjson
 from aiohttp import web
 from cachetools import LRUCache
 
+from config.files import secret_key
 from proxy.app import SETTINGS
 from proxy.auth import OUTPUTS_ROUTE
 from request import Identity
@@ -50,29 +49,8 @@ _HEADER_UNSAFE = re.compile(r"[^\x21-\x7e]")  # a header value the curl line can
 
 
 def load_key(data_dir: Path) -> bytes:
-    """The secret the ids are keyed by: made once (mode 0600), then read by every process.
-
-    Written to a private temporary file and linked into place, so that processes starting
-    together agree on one key and none reads a half-written file.
-    """
-    path = data_dir / KEY_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        tmp = data_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass  # another process made it first: use theirs
-        finally:
-            tmp.unlink()
-    key = path.read_bytes()
-    if len(key) < 16:
-        raise ValueError(f"{path} holds fewer than 16 bytes; remove it to make a new key")
-    return key
+    """The secret the ids are keyed by (``data_dir/outputs.key``, see ``secret_key``)."""
+    return secret_key(data_dir, KEY_FILE)
 
 
 class OutputIds:
@@ -86,7 +64,7 @@ class OutputIds:
         session = identity.session_id
         if not session or _HEADER_UNSAFE.search(session):
             return None
-        scope = [self._service_id, identity.team_id, identity.agent_id, identity.user]
+        scope = [self._service_id, identity.team_id, identity.agent_id, identity.owner]
         message = _DOMAIN + orjson.dumps([*scope, session, call_id])
         digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]  # 128 bits
         return base64.b32encode(digest).decode().rstrip("=").lower()
@@ -102,8 +80,9 @@ def _size(kept: _Kept) -> int:
     return sys.getsizeof(kept.text) + sys.getsizeof(kept.session)
 
 
-# (team, agent, user key, session, call id): what an id is made of, besides the service.
-_PointerKey = tuple[str | None, str | None, str | None, str | None, str]
+# (team, agent, user key, principal, session, call id): what an id is made of, besides the
+# service.
+_PointerKey = tuple[str | None, str | None, str | None, str | None, str | None, str]
 POINTERS_MEMO = 8192
 
 
@@ -122,7 +101,7 @@ class MaskedOutputs:
     def _pointer(self, identity: Identity, call_id: str) -> tuple[str, str] | None:
         """The output's id and its fetch line."""
         i = identity
-        key = (i.team_id, i.agent_id, i.user_key, i.session_id, call_id)
+        key = (i.team_id, i.agent_id, i.user_key, i.principal, i.session_id, call_id)
         found = self._pointers.get(key)
         if found is None:
             output_id = self._ids.id(identity, call_id)

@@ -8,6 +8,7 @@ from request.exchange import (
     Notes,
     Step,
     has_lossy_number,
+    owner_digest,
     user_digest,
 )
 from request.history import Cut, History, digest
@@ -24,5 +25,5 @@ from request.items import (
 __all__ = [
     "Cut", "Exchange", "History", "Identity", "Item", "NotAResponsesRequest", "Notes", "Step",
     "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
-    "is_turn_start", "message_text", "output_text", "user_digest",
+    "is_turn_start", "message_text", "output_text", "owner_digest", "user_digest",
 ]

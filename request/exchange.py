@@ -16,7 +16,7 @@ from request.items import Item
 
 __all__ = [
     "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes", "Step",
-    "has_lossy_number", "user_digest",
+    "has_lossy_number", "owner_digest", "user_digest",
 ]
 
 
@@ -31,6 +31,15 @@ def user_digest(user_key: str | None) -> str:
     return "u_" + hashlib.sha256(b"ctxproxy-user-key\0" + user_key.encode()).hexdigest()[:32]
 
 
+def owner_digest(principal: str | None, user_key: str | None) -> str:
+    """The user part of a memory scope: the user key's digest, and under client keys the
+    principal's with it, so that two client keys never share a scope."""
+    if not principal:
+        return user_digest(user_key)
+    joined = b"ctxproxy-owner\0" + principal.encode() + b"\0" + (user_key or "").encode()
+    return "p_" + hashlib.sha256(joined).hexdigest()[:32]
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     """Who is asking. ``user_key`` is a secret: excluded from repr, never logged or forwarded."""
@@ -41,15 +50,22 @@ class Identity:
     session_id: str | None
     turn_id: str | None = None
     request_kind: str | None = None
+    principal: str | None = None  # the client key's principal (None: no client keys)
 
     @property
     def user(self) -> str:
         """The user key's digest ('' without a key)."""
         return user_digest(self.user_key)
 
+    @property
+    def owner(self) -> str:
+        """The user part of this caller's memory scope (see ``owner_digest``)."""
+        return owner_digest(self.principal, self.user_key)
+
     @classmethod
     def from_request(
-        cls, headers: CIMultiDictProxy[str], body: dict[str, Any] | None, settings: Settings
+        cls, headers: CIMultiDictProxy[str], body: dict[str, Any] | None, settings: Settings,
+        principal: str | None = None,
     ) -> Identity:
         body = body or {}
         meta = _turn_metadata(headers, body)
@@ -65,6 +81,7 @@ class Identity:
             or (cache_key if isinstance(cache_key, str) else None),
             turn_id=_str_or_none(meta.get("turn_id")),
             request_kind=_str_or_none(meta.get("request_kind")),
+            principal=principal,
         )
 
 
@@ -138,7 +155,10 @@ class Exchange:
     notes: Notes = field(default_factory=Notes)
 
     @classmethod
-    def parse(cls, raw: bytes, headers: CIMultiDictProxy[str], settings: Settings) -> Exchange:
+    def parse(
+        cls, raw: bytes, headers: CIMultiDictProxy[str], settings: Settings,
+        principal: str | None = None,
+    ) -> Exchange:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -155,7 +175,7 @@ class Exchange:
         return cls(
             raw=raw,
             body=body,
-            identity=Identity.from_request(headers, body, settings),
+            identity=Identity.from_request(headers, body, settings, principal),
             history=history,
             starts=list(history.starts),
         )

@@ -55,6 +55,8 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 ProxyFactory = Callable[..., Awaitable[Running]]
+# The proxies start_proxy serves, by URL: helpers that only hold a URL reach the app through it.
+SERVED: dict[str, Running] = {}
 
 
 @pytest.fixture
@@ -70,6 +72,9 @@ async def start_proxy(
             "data_dir": tmp_path / "data",
             "upstream_read_timeout_s": 5,
             "port": free_port(),
+            # The memory budget guards production latency; a test asserts what memory does,
+            # on shared cores that may be busy (a test of the budget sets its own).
+            "memory_timeout_ms": 10_000,
         }
         values.update(overrides)
         if "trim_slack" in overrides or "trim_at_tokens" in overrides:
@@ -77,6 +82,7 @@ async def start_proxy(
         settings: Settings = load_settings(env={}, **values)
         running = await serve(build_app(settings), port=settings.port)
         started.append(running)
+        SERVED[running.url] = running
         return running
 
     yield start

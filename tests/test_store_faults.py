@@ -423,6 +423,8 @@ async def test_metrics_expose_and_move_with_traffic(
             assert r.status == 413
         async with client.get(proxy.url + "/v1/models", headers=codex.headers()) as r:
             assert r.status == 200
+    # The turns just answered are being stored: the gauge is read once they are.
+    await runtime(proxy).queue.join()
     after = await scrape(proxy.url)
 
     moved = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ __all__ = ["Digests", "digest_message"]
 # The argument keys that say what a command was (Codex's exec_command, shell, apply_patch).
 COMMAND_KEYS = ("cmd", "command", "input", "patch")
 OUTPUT_SCAN_CHARS = 4000  # of each tool output, what is read for names
-MAX_NAMES = 40  # per turn
+MAX_NAMES = 200  # per turn, the newest
 MAX_TURNS = 12  # the newest cut turns a digest may show
 CACHED = 1024
 
@@ -54,31 +55,46 @@ def _what(item: Item) -> str:
     return args if isinstance(args, str) else orjson.dumps(args).decode()
 
 
+def _names(text: str, seen: dict[str, None]) -> None:
+    """Add the names in ``text`` (its first OUTPUT_SCAN_CHARS) to ``seen``, moved to its end."""
+    for found in _NAME.findall(text[:OUTPUT_SCAN_CHARS]):
+        name = found.strip("./-")
+        if len(name) >= 4:
+            seen.pop(name, None)
+            seen[name] = None
+
+
 def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_digest.CutTurn:
     calls: list[tuple[str, str]] = []
     answer = ""
-    seen: dict[str, None] = {}  # names in the outputs, in order, each once
+    # The names the turn worked with, each once, newest last: what its outputs showed, then
+    # what the model itself wrote (its commands, its reasoning summaries), which later
+    # commands reuse most.
+    seen: dict[str, None] = {}
+    used: dict[str, None] = {}
     for item in history.turn_items(n)[1:]:
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "assistant":
             answer = message_text(item) or answer
+        elif kind == "reasoning":
+            summary = item.get("summary")
+            if isinstance(summary, list):
+                for part in summary[:8]:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        _names(part["text"], used)
         elif isinstance(kind, str) and kind.endswith("_call"):
             name = item.get("name")
-            calls.append((name if isinstance(name, str) else kind, _what(item)))
+            what = _what(item)
+            calls.append((name if isinstance(name, str) else kind, what))
+            _names(what, used)
         elif isinstance(kind, str) and kind.endswith("_call_output"):
-            for found in _NAME.findall(output_text(item)[:OUTPUT_SCAN_CHARS]):
-                name = found.strip("./-")
-                if len(name) >= 4:
-                    seen.pop(name, None)
-                    seen[name] = None
-    shown = " ".join(" ".join(c[:400] for _, c in calls).split())
-    names = [name for name in list(seen)[-MAX_NAMES:] if name not in shown]
+            _names(output_text(item), seen)
     # What users pasted stays in their own turns: the digest carries none of it.
     return cut_digest.CutTurn(
         n + 1, clean(history.prompt_text(n)[: cut_digest.PROMPT_CHARS * 2]),
         tuple((name, clean(args[: cut_digest.CALL_CHARS * 2])) for name, args in calls),
         clean(answer[: cut_digest.ANSWER_CHARS * 2]),
-        tuple(clean(" ".join(names)).split()),
+        tuple(clean(" ".join([*(n for n in seen if n not in used), *used][-MAX_NAMES:])).split()),
     )
 
 
@@ -108,19 +124,24 @@ class Digests:
         self.max_chars = max_chars
         self._made: LRUCache[tuple[object, ...], Item | None] = LRUCache(CACHED)
 
-    def message(self, history: History, first: int, who: Identity) -> Item | None:
+    async def message(self, history: History, first: int, who: Identity) -> Item | None:
         lo = max(first - MAX_TURNS, 0)
         session = who.session_id or ""
-        key = (who.team_id, who.agent_id, who.user, session, first,
+        key = (who.team_id, who.agent_id, who.owner, session, first,
                tuple(history.prompt_keys(session)[lo:first]), tuple(history.starts[lo:first + 1]))
         try:
             return self._made[key]
         except KeyError:
             pass
+        # Made once per cut, from as much of the history as was cut: off the event loop.
+        made = await asyncio.to_thread(self._make, history, first, lo)
+        self._made[key] = made
+        return made
+
+    def _make(self, history: History, first: int, lo: int) -> Item | None:
         made = digest_message(history, first, self.max_chars)
         if made is not None:
             cut = history.items[history.starts[lo] : history.starts[first]]
             if len(made["content"][0]["text"]) * 2 > len(orjson.dumps(cut)):
                 made = None  # turns this short are cheaper to lose than to describe
-        self._made[key] = made
         return made

@@ -112,7 +112,7 @@ class WindowStep:
         if self.digests is not None:
             # What was cut, in brief, right before the first kept turn: the same bytes until
             # the next cut.
-            digest = self.digests.message(ex.history, drop, ex.identity)
+            digest = await self.digests.message(ex.history, drop, ex.identity)
             if digest is not None:
                 at = starts[0]
                 kept.insert(at, digest)

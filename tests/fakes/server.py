@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.bodies import SERVER_OPTIONS
+from proxy.server import Runner
 
 
 def free_port() -> int:
@@ -28,7 +29,7 @@ class Running:
 
 async def serve(app: web.Application, port: int | None = None) -> Running:
     # SERVER_OPTIONS as ctxproxy serve uses them; the fake upstream so records bodies as sent.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2,
+    runner = Runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2,
                            **SERVER_OPTIONS)
     await runner.setup()
     port = port or free_port()

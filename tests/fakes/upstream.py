@@ -8,6 +8,7 @@ import html
 import itertools
 import json
 import re
+import shlex
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -117,6 +118,30 @@ def knowledge_command(body: dict[str, Any], query: str) -> str | None:
     return html.unescape(found.group(1)).replace(EXAMPLE_QUERY, query)
 
 
+# "[asset TYPE TOOL] {json params}": call TOOL of the block's asset of TYPE with those params.
+ASSET_PROMPT = re.compile(r"\[asset ([a-z-]+) ([a-z_]+)\] (\{[^\n]*\})")
+KNOWLEDGE = re.compile(r"<knowledge [^>]*>")
+
+
+def asset_command(body: dict[str, Any], kind: str, tool: str, params: str) -> str | None:
+    """The call_tool curl of the block's first asset of type ``kind``, calling ``tool`` with
+    ``params`` (the JSON after -d edited, as a model does)."""
+    instructions = body.get("instructions")
+    if not isinstance(instructions, str):
+        return None
+    for head in KNOWLEDGE.finditer(instructions):
+        if f'type="{kind}"' not in head.group(0):
+            continue
+        found = CALL_TOOL.search(instructions, head.end())
+        if found is None:
+            return None
+        argv = shlex.split(html.unescape(found.group(1)))
+        payload = json.loads(argv[-1])
+        argv[-1] = json.dumps({**payload, "tool_name": tool, "params": json.loads(params)})
+        return " ".join(shlex.quote(a) for a in argv)
+    return None
+
+
 def default_output(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The fake model: asks for one harmless shell command when the prompt says ``[tool]``,
     runs the knowledge block's search command when it says ``[wiki] words`` (or says it has
@@ -130,6 +155,12 @@ def default_output(body: dict[str, Any]) -> list[dict[str, Any]]:
     if "[tool]" in prompt:
         return [function_call_item("exec_command", {"cmd": "echo fake-tool-ran",
                                                     "yield_time_ms": 2000})]
+    asset = ASSET_PROMPT.search(prompt)
+    if asset:
+        cmd = asset_command(body, *asset.groups())
+        if cmd is None:
+            return [message_item(f"FAKE-NO-ASSET: no {asset.group(1)} in the block")]
+        return [function_call_item("exec_command", {"cmd": cmd, "yield_time_ms": 5000})]
     wiki = WIKI_PROMPT.search(prompt)
     if wiki:
         cmd = knowledge_command(body, wiki.group(1).strip())

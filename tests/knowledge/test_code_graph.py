@@ -16,7 +16,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
 from tests.knowledge.test_discovery_e2e import WHO, block_of, ids, post, run_curl
-from tests.knowledge.wikis import add_wiki, ctxproxy, write_wiki
+from tests.knowledge.wikis import add_wiki, ctxproxy, tool_headers, write_wiki
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -142,7 +142,8 @@ async def call(url: str, knowledge_id: str, tool: str, **params: Any) -> tuple[i
     body = {"knowledge_id": knowledge_id, "tool_name": tool, "params": params}
     async with aiohttp.ClientSession() as s, s.post(
         url + "/v3/tools/call", data=json.dumps(body),
-        headers={"x-tdai-service-id": "default", "content-type": "application/json"},
+        headers={"x-tdai-service-id": "default", "content-type": "application/json",
+                 **tool_headers(url, knowledge_id)},
     ) as r:
         answer = await r.json()
         return answer["code"], answer.get("data", answer["message"])
@@ -219,7 +220,7 @@ async def test_tools_list_names_the_code_graph_tools(
     proxy = await start_proxy()
     async with aiohttp.ClientSession() as s, s.post(
         proxy.url + "/v3/tools/list", data=json.dumps({"knowledge_id": graph_id}),
-        headers={"x-tdai-service-id": "default"},
+        headers={"x-tdai-service-id": "default", **tool_headers(proxy.url, graph_id)},
     ) as r:
         answer = await r.json()
     assert answer["code"] == 0 and answer["data"]["type"] == "code-graph"

@@ -11,13 +11,14 @@ import pytest
 
 from knowledge.store import FILENAME
 from tests.conftest import ProxyFactory
-from tests.knowledge.wikis import add_wiki, ctxproxy, write_wiki
+from tests.knowledge.wikis import add_wiki, ctxproxy, tool_headers, write_wiki
 
 Capsys = pytest.CaptureFixture[str]
 
 
 async def core_post(url: str, path: str, body: Any, **headers: str) -> tuple[int, dict[str, Any]]:
-    hdrs = {"x-tdai-service-id": "default", **headers}
+    hdrs = {"x-tdai-service-id": "default", **tool_headers(url, body.get("knowledge_id")),
+            **headers}
     async with aiohttp.ClientSession() as s, s.post(
         url + path, data=json.dumps(body), headers=hdrs
     ) as r:
@@ -148,8 +149,13 @@ async def test_unknown_knowledge_and_other_tenants_are_not_found(
     url, kid = served
     _, answer = await core_post(url, "/v3/tools/list", {"knowledge_id": "wiki-zzzzzzzz"})
     assert answer["code"] == 404 and "unknown knowledge_id" in answer["message"]
+    # A capability is for one service: another tenant's id does not get in with it.
     _, answer = await core_post(url, "/v3/tools/list", {"knowledge_id": kid},
                                 **{"x-tdai-service-id": "other_tenant"})
+    assert answer["code"] == 403
+    _, answer = await core_post(url, "/v3/tools/list", {"knowledge_id": kid},
+                                **{"x-tdai-service-id": "other_tenant",
+                                   **tool_headers(url, kid, service_id="other_tenant")})
     assert answer["code"] == 404
 
 
@@ -181,9 +187,10 @@ async def test_discovery_routes_need_the_core_token_and_the_tools_do_not(
 
 
 async def test_not_json_is_a_400_envelope(served: tuple[str, str]) -> None:
-    url, _ = served
+    url, kid = served
     async with aiohttp.ClientSession() as s, s.post(
-        url + "/v3/tools/list", data=b"{nope", headers={"x-tdai-service-id": "default"}
+        url + "/v3/tools/list", data=b"{nope",
+        headers={"x-tdai-service-id": "default", **tool_headers(url, kid)},
     ) as r:
         answer = await r.json()
     assert r.status == 400 and answer["code"] == 400 and "request_id" in answer

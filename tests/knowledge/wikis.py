@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from config import load_settings
+from knowledge.capability import HEADER, Grant, mint
 from proxy.cli import build_parser
+from proxy.knowledge_wiring import CAPABILITY
+from tests.conftest import SERVED
 
 PAGES = {
     "auth.md": "# Authentication\n\nAccess tokens rotate every hour; refresh tokens live "
@@ -44,3 +48,14 @@ def add_wiki(capsys: pytest.CaptureFixture[str], data_dir: Path, folder: Path,
                               "--name", name, "--summary", summary, str(folder))
     assert code == 0, err
     return out.strip()
+
+
+def tool_headers(url: str, knowledge_id: object, *, team: str = "team-1",
+                 service_id: str = "default") -> dict[str, str]:
+    """The capability header a ``<knowledge_tools>`` block of ``team`` would carry for this
+    asset, minted by the proxy serving ``url`` (none for an id that is not a string)."""
+    if not isinstance(knowledge_id, str):
+        return {}
+    key = SERVED[url].app[CAPABILITY]
+    grant = Grant(service_id, team, "", "", knowledge_id)
+    return {HEADER: mint(key, grant, now=time.time())}

@@ -95,7 +95,8 @@ async def test_preference_from_earlier_sessions_is_in_the_first_request_of_the_n
     instructions = sent.get("instructions") or ""
     assert "<semantic_memory" in instructions
     assert "Use Python, not Node, for the build scripts." in instructions
-    assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}">Use Python', instructions)
+    assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}" source="distilled from '
+                     r'user statements">Use Python', instructions)
 
 
 async def test_a_preference_said_once_stays_out_of_semantic_memory(

@@ -13,7 +13,7 @@ import pytest
 from injectors import memory_blocks, tokens
 from memory.model import Memory, Scope
 from memory.recall import Recaller, Weights
-from memory.snippets import GAP, SNIPPET_TOKENS, snippet
+from memory.snippets import GAP, SNIPPET_TOKENS, questions, snippet
 from memory.store_sqlite import SqliteStore
 from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
 from request import History
@@ -278,3 +278,37 @@ def test_line_words_agree_with_how_terms_splits_words() -> None:
                 for line in text.split("\n")]
     assert _line_words(text, wanted) == expected
     assert expected[1] == frozenset() and expected[2] == {"port"}  # 'support' is not 'port'
+
+
+def test_a_long_turn_keeps_its_start_and_its_end() -> None:
+    turn = codex.tool_turn("dump all", output="Q" * 2_500, n_calls=40)
+    last_call = turn[-2]
+    last_call["output"] = "diff --git a/src/x.py b/src/x.py\nindex 1a2b3c4..5d6e7f8 100644"
+    text = rendered(turn)
+    assert len(text) <= TURN_CHARS
+    assert text.startswith("User: dump all")
+    assert "index 1a2b3c4..5d6e7f8 100644" in text
+    assert "characters of this turn left out" in text
+    # The tail starts at an entry: the diff's lines still follow the call that printed it.
+    tail = text.split("left out …]\n", 1)[1]
+    assert tail.startswith(("Tool call", "Tool output", "User", "Assistant"))
+
+
+def test_a_long_prompts_questions_keep_the_sentence_that_names_their_subject() -> None:
+    prompt = ("Before you begin: last week you edited `src/app/__init__.py` for v2.1. Which "
+              "checksum did its build print? " + "Then fix the parser as described. " * 20)
+    assert questions(prompt) == [
+        "Before you begin: last week you edited `src/app/__init__.py` for v2.1. Which "
+        "checksum did its build print?"
+    ]
+
+
+def test_a_matching_line_brings_the_matching_line_after_it() -> None:
+    listing = "\n".join(f"src/pkg/mod_{n}.py: ok" for n in range(300))
+    diff = "diff --git a/src/app/__init__.py b/src/app/__init__.py\nindex 9f3c2a1..4be07d2 100644"
+    turn = codex.tool_turn("ship it", output=f"{listing}\n{diff}\n--- a\n+++ b")
+    text = rendered(turn)
+    cut = snippet(text, "Which index line did the git diff of src/app/__init__.py show?")
+    lines = cut.text.split("\n")
+    at = next(n for n, line in enumerate(lines) if "diff --git" in line)
+    assert lines[at + 1].strip() == "index 9f3c2a1..4be07d2 100644"

@@ -46,7 +46,8 @@ class Rig:
 
 @pytest.fixture
 async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
-    overrides = getattr(request, "param", {})
+    # Busy shared cores: the memory budget is not what these tests are about (see conftest).
+    overrides = {"memory_timeout_ms": 10_000, **getattr(request, "param", {})}
     settings = load_settings(env={}, data_dir=tmp_path, keep_turns=2, **overrides)
     store = SqliteStore(tmp_path / "memory.sqlite3")
     await store.open()

@@ -68,7 +68,10 @@ async def test_a_cut_leaves_the_cut_turns_prompts_commands_and_names() -> None:
     assert [c.text for c in first.findall("call")] == [f"grep -n helper_1_{c} src/"
                                                        for c in range(3)]
     assert "src/found_1_0.py" in (first.findtext("seen") or "")
-    assert "ParserState" in (first.findtext("seen") or "")
+    # A name both turns showed is told once, with the newer turn.
+    second = digest.findall("turn")[1]
+    assert "ParserState" in (second.findtext("seen") or "")
+    assert "ParserState" not in (first.findtext("seen") or "")
     # It stands right before the first kept turn's prompt, after the pinned context.
     at = next(i for i, item in enumerate(sent) if is_turn_start(item))
     assert digest_of([sent[at - 1]]) is not None
@@ -88,6 +91,25 @@ async def test_the_digest_is_the_same_bytes_until_the_next_cut() -> None:
     assert digests[:3] == [None, None, None]
     assert len(set(digests[3:6])) == 1 and len(set(digests[6:8])) == 1
     assert None not in digests[3:] and digests[3] != digests[6]
+
+
+def test_the_digest_names_what_the_model_wrote_beyond_the_shown_command() -> None:
+    # A script written by a heredoc: its command is shown shortened, but the names in it
+    # (and in the model's reasoning summary) are what its later commands reuse.
+    script = ("cat <<'EOF' > repro_check.py\n" + "x = 1\n" * 60
+              + "settings.configure(INSTALLED_APPS=[])\nEOF")
+    turn = [codex.text("user", "task 1: reproduce it"),
+            {"type": "reasoning", "id": "rs_1", "encrypted_content": "e",
+             "summary": [{"type": "summary_text", "text": "Check the QuerySetIterator first"}]},
+            {"type": "function_call", "name": "exec_command", "call_id": "c1",
+             "arguments": json.dumps({"cmd": script})},
+            {"type": "function_call_output", "call_id": "c1", "output": "done"},
+            codex.text("assistant", "Reproduced.")]
+    items = [*codex.context_items(), *turn, *task(2), codex.text("user", "task 3")]
+    made = digest_message(History(items), 1, 8000)
+    assert made is not None
+    seen = etree.fromstring(made["content"][0]["text"].encode()).findtext("turn/seen") or ""
+    assert {"INSTALLED_APPS", "settings.configure", "QuerySetIterator"} <= set(seen.split())
 
 
 def test_the_digest_keeps_to_its_budget_newest_turns_first() -> None:

@@ -1,0 +1,53 @@
+"""Files under the data directory hold memories, wikis and keys: readable by their owner only."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+__all__ = ["private_file", "secret_key"]
+
+_SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's, made with the database file's mode
+
+
+def private_file(path: Path) -> None:
+    """Make ``path``'s folder (0700 when new) and ``path`` itself mode 0600, creating an
+    empty file when missing; an existing file (and SQLite's files beside it) is tightened
+    to 0600. Raises OSError."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    for each in (path, *(path.with_name(path.name + s) for s in _SIDECARS)):
+        try:
+            mode = stat.S_IMODE(each.stat().st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            each.chmod(mode & 0o600)
+
+
+def secret_key(data_dir: Path, name: str) -> bytes:
+    """A random 32-byte secret in ``data_dir/name``: made once (mode 0600), then read by every
+    process. Written to a private temporary file and linked into place, so that processes
+    starting together agree on one key and none reads a half-written file. Raises OSError,
+    ValueError (a file too short to be a key)."""
+    path = data_dir / name
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = data_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process made it first: use theirs
+        finally:
+            tmp.unlink()
+    key = path.read_bytes()
+    if len(key) < 16:
+        raise ValueError(f"{path} holds fewer than 16 bytes; remove it to make a new key")
+    return key
