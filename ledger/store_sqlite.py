@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from config.files import private_file
 from ledger.model import Group, LedgerError, Record, Totals
 from ledger.sql import (
     COLUMNS,
@@ -111,9 +112,9 @@ class SqliteLedger:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_file(self.path)  # owner-only, as every file of the data directory
         except OSError as exc:
-            raise LedgerError(f"sqlite: cannot create {self.path.parent}: {exc}") from exc
+            raise LedgerError(f"sqlite: cannot create {self.path}: {exc}") from exc
         conn = sqlite3.connect(
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from config.files import private_file
 from injectors import tokens
 from injectors.redact import redact
 from ledger.counterfactual import PartCounter
@@ -237,7 +238,7 @@ PENDING = 32  # captures waiting at most; more are dropped (a debugging aid, nev
 
 async def _capture_ctx(app: web.Application) -> AsyncIterator[None]:
     folder: Path = app[SETTINGS].capture_dir  # type: ignore[assignment]
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     pool = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-capture")
     pending = 0
     loop = asyncio.get_running_loop()
@@ -245,7 +246,9 @@ async def _capture_ctx(app: web.Application) -> AsyncIterator[None]:
 
     def write(name: str, forwarded: bytes) -> None:
         body = redact_body(orjson.loads(forwarded))
-        (folder / name).write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
+        path = folder / name
+        private_file(path)  # prompts, even redacted: owner-only like the data directory
+        path.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
 
     def done(future: asyncio.Future[None]) -> None:
         nonlocal pending

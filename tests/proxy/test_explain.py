@@ -89,6 +89,7 @@ async def test_capture_dir_writes_each_forwarded_body_redacted(
     await proxy.close()  # the captures are flushed at shutdown
     files = sorted((tmp_path / "captured").iterdir())
     assert len(files) == 2 and all("sess-x" in f.name for f in files)
+    assert all(f.stat().st_mode & 0o077 == 0 for f in files)  # owner-only
     captured = orjson.loads(files[-1].read_bytes())
     assert SECRET not in files[-1].read_text()
     forwarded = upstream.received[-1].json  # type: ignore[attr-defined]
