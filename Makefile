@@ -3,28 +3,41 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 CODEX_VERSION := 0.169.0
 
-.PHONY: run test lint bench bench-economics bench-trajectories bench-recall-hybrid services clean
+.PHONY: run test lint image bench bench-economics bench-trajectories bench-recall-hybrid services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
+# Serving needs only the runtime dependencies (no test, lint or bench tools).
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $(RUN_STAMP)
+
 ## Start the proxy on the embedded default (SQLite store, embedded core) on 127.0.0.1:8787.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/ctxproxy serve
 
 ## The whole test suite, with a real PostgreSQL server and the real Codex CLI.
 test: $(STAMP)
 	@. scripts/services.sh && $(BIN)/pytest $(PYTEST_ARGS)
 
-## ruff, mypy (strict) and the import layers (import-linter, contracts in pyproject.toml).
+## ruff, mypy (strict), the import layers (import-linter, contracts in pyproject.toml), and
+## the Dockerfile (hadolint).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/hadolint Dockerfile
+
+## Build the container image and check it serves (podman/buildah from Debian; scripts/image.sh).
+image: $(STAMP)
+	bash scripts/image.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.overhead

@@ -613,7 +613,7 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
             port = _free_port()  # the block's curl lines name it
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
                                      log_level="WARNING", port=port, **strategy.settings)
-            async with serving(build_app(settings), port) as proxy_url:
+            async with serving(build_app(settings, clock=clock), port) as proxy_url:
                 seen = await replay(http, proxy_url + "/v1", session, shapes, clock,
                                     AutoCompact(limit=limit))
     billed = [{"input": b.input_tokens, "cached": b.cached_tokens}

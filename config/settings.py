@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,8 @@ ENV_PREFIX = "CTXPROXY_"
 NOT_SETTINGS_PREFIXES = ("CTXPROXY_TEST_", "CTXPROXY_E2E_")
 STORE_SCHEMES = ("postgresql://", "postgres://")
 SERVICE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
+_NUMBER = r"\d+(?:\.\d+)?"
+_PRICE = re.compile(rf"^[^=,\s][^=,]*={_NUMBER}/{_NUMBER}(?:/{_NUMBER})?$")
 
 
 def _default_data_dir() -> Path:
@@ -165,7 +168,9 @@ class Settings(BaseSettings):
 
     # --- memory --------------------------------------------------------------------------
     data_dir: Path = Field(
-        default_factory=_default_data_dir, description="Where the SQLite store lives."
+        default_factory=_default_data_dir,
+        description="Where the SQLite stores (memory, request rows), the embedded core's "
+        "catalogue and the outputs key live; printed at start and by `ctxproxy doctor`."
     )
     store_url: str | None = Field(
         None, description="postgresql://... to share memory between replicas; unset: SQLite."
@@ -239,6 +244,27 @@ class Settings(BaseSettings):
         "all-MiniLM-L6-v2 a paraphrased fact scores 0.05-0.43, median 0.28).",
     )
 
+    # --- stats: the request ledger (ctxproxy stats, /ui) -------------------------------------
+    stats_enabled: bool = Field(
+        True,
+        description="Keep a row of numbers per /v1/responses request (tokens, cuts, recalls, "
+        "no prompt text) in the store, for `ctxproxy stats` and /ui.",
+    )
+    stats_retention_days: float = Field(
+        30.0, ge=0, description="Days the request rows are kept; 0: kept for ever."
+    )
+    prices: str | None = Field(
+        None,
+        description="Model prices for the cost estimates, USD per 1M tokens, on top of the "
+        "built-in table: model=input/cached[/cache-write],... (e.g. gpt-5=1.25/0.125).",
+    )
+
+    capture_dir: Path | None = Field(
+        None,
+        description="Debugging: write each forwarded /v1/responses body here, secrets "
+        "redacted (one JSON file a request); unset: off.",
+    )
+
     @field_validator("upstream_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -277,6 +303,14 @@ class Settings(BaseSettings):
                 "must start with postgresql:// or postgres:// (unset: the local SQLite store)"
             )
         return value
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_format(cls, value: str | None) -> str | None:
+        for entry in (e.strip() for e in (value or "").split(",")):
+            if entry and not _PRICE.match(entry):
+                raise ValueError(f"{entry!r} is not model=input/cached[/cache-write]")
+        return value or None
 
     @field_validator("client_keys")
     @classmethod
@@ -354,7 +388,7 @@ def describe_settings() -> list[tuple[str, str, str]]:
     rows = []
     for name, field in Settings.model_fields.items():
         if field.default_factory is not None:
-            default = "per-user data dir"
+            default = "$XDG_DATA_HOME/ctxproxy, else ~/.local/share/ctxproxy"
         elif field.default is None:
             default = "unset"
         else:

@@ -26,8 +26,8 @@ def register(commands: Any) -> None:
     )
 
     def usage(settings: Settings, args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
+        parser.print_help()  # as `ctxproxy memory` does: asking for help is no error
+        return 0
 
     parser.set_defaults(func=usage)
     sub = parser.add_subparsers(dest="knowledge_command", metavar="COMMAND")
@@ -99,6 +99,9 @@ def add_wiki(settings: Settings, args: argparse.Namespace, catalogue: Catalogue)
     if not root.is_dir():
         return _fail(f"{args.dir} is not a folder")
     pages = read_pages(root)
+    if not pages:
+        print(f"ctxproxy: warning: no *.md files under {root}: the wiki has no pages"
+              " (a wiki already made from this folder loses all of its pages)", file=sys.stderr)
     try:
         result = catalogue.sync_wiki(
             settings.service_id, args.team, args.name, args.summary, str(root), pages

@@ -270,8 +270,10 @@ class Catalogue:
             )
         if row["type"] != kind:
             raise WrongType(f"{source} is already indexed as {row['knowledge_id']}")
+        # A re-run without a summary (a sync) keeps the one the model is shown.
         conn.execute(
-            "UPDATE knowledge SET name = ?, summary = ?, updated_at = ? WHERE knowledge_id = ?",
+            "UPDATE knowledge SET name = ?, summary = coalesce(?, summary), updated_at = ?"
+            " WHERE knowledge_id = ?",
             (name, summary, _now(), row["knowledge_id"]),
         )
         return str(row["knowledge_id"])

@@ -101,6 +101,8 @@ def _scope_options(p: argparse.ArgumentParser, title: str) -> None:
     group.add_argument("--team", help="team id")
     group.add_argument("--agent", help="agent id")
     group.add_argument("--user", help="user ref (u_..., as `show` prints it)")
+    group.add_argument("--user-key", help="the user key itself (as sent in x-tdai-user-key); "
+                       "only its digest is used or kept")
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
@@ -144,7 +146,7 @@ class _Filter:
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> _Filter:
-        return cls(args.service, args.team, args.agent, args.user,
+        return cls(args.service, args.team, args.agent, _user(args),
                    tuple(args.types or MEMORY_TYPES), args.session)
 
     def whole_scope(self) -> Scope | None:
@@ -174,8 +176,11 @@ async def _select(store: Store, f: _Filter, limit: int) -> list[Memory]:
 
 
 async def _list(store: Store, args: argparse.Namespace, settings: Settings) -> int:
-    for m in await _select(store, _Filter.of(args), args.limit):
+    found = await _select(store, _Filter.of(args), args.limit)
+    for m in found:
         print(_line(m))
+    if not found:  # said on stderr: stdout stays a clean listing for scripts
+        print("no memories (for these filters)", file=sys.stderr)
     return 0
 
 
@@ -191,6 +196,8 @@ async def _search(store: Store, args: argparse.Namespace, settings: Settings) ->
         hits += await store.search(s, args.query, types=f.types, limit=args.limit)
     hits = [h for h in hits if f.session is None or h.memory.session_id == f.session]
     hits.sort(key=lambda h: h.relevance, reverse=True)
+    if not hits:
+        print("no memory matches", file=sys.stderr)
     for hit in hits[: args.limit]:
         print(f"{hit.relevance:8.4f}  {_line(hit.memory)}")
     return 0
@@ -246,7 +253,7 @@ def _scope_of(args: argparse.Namespace, settings: Settings) -> Scope:
         service_id=args.service if args.service is not None else settings.service_id,
         team_id=args.team if args.team is not None else settings.team_id or "",
         agent_id=args.agent if args.agent is not None else settings.agent_id or "",
-        user=args.user if args.user is not None else default_user,
+        user=user if (user := _user(args)) is not None else default_user,
     )
 
 
@@ -268,7 +275,35 @@ async def _add(store: Store, args: argparse.Namespace, settings: Settings) -> in
               file=sys.stderr)
         return 1
     print(stored[0].memory_id)
+    print(_scope_note(scope, shared=args.shared, client_keys=bool(settings.client_keys)),
+          file=sys.stderr)
     return 0
+
+
+def _user(args: argparse.Namespace) -> str | None:
+    """The user ref from --user (a digest) or --user-key (digested here; never kept)."""
+    if getattr(args, "user_key", None):
+        if args.user is not None:
+            raise SystemExit("ctxproxy memory: give --user or --user-key, not both")
+        return user_ref(args.user_key)
+    return args.user  # type: ignore[no-any-return]
+
+
+def _scope_note(scope: Scope, *, shared: bool = False, client_keys: bool = False) -> str:
+    """Which requests will see a memory of ``scope`` (they must match all four parts)."""
+    parts = [f"service {scope.service_id!r}",
+             f"x-team-id {scope.team_id!r}" if scope.team_id else "no x-team-id",
+             f"x-agent-id {scope.agent_id!r}" if scope.agent_id else "no x-agent-id"]
+    if shared:
+        return "scope: requests with " + ", ".join(parts) + ", any user, see this memory"
+    parts.append(f"the user {scope.user}" if scope.user else "no x-tdai-user-key")
+    note = "scope: requests with " + ", ".join(parts) + " see this memory"
+    if not scope.user:
+        note += " (requests that send a user key do not: add --user-key, or --shared)"
+    elif client_keys and scope.user.startswith("u_"):
+        note += (" (under CTXPROXY_CLIENT_KEYS a scope also names the client key: give "
+                 "--user p_... as `memory list` shows it)")
+    return note
 
 
 async def _edit(store: Store, args: argparse.Namespace, settings: Settings) -> int:

@@ -63,6 +63,7 @@ class Prepared:
     standing: str = ""  # the slow blocks (working, semantic)
     recall: str = ""  # this turn's recall
     recalled: int = 0
+    ids: tuple[str, ...] = ()  # the memories shown, standing then recalled
     degraded: bool = False
     message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
     mode: str | None = None  # how recall searched (memory.recall.Mode)
@@ -193,6 +194,8 @@ class MemoryStep:
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
             ex.notes.recall_mode = prepared.mode
+        if prepared.ids:
+            ex.notes.memory_ids = prepared.ids
         self._apply(ex, prepared, scope, session)
 
     def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
@@ -303,6 +306,7 @@ class MemoryStep:
             standing=standing_text,
             recall=recall_text,
             recalled=len(standing) + len(recalled),
+            ids=tuple(m.memory_id for m in (*standing, *recalled)),
             message=message,
             mode=mode,
         )

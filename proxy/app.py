@@ -40,6 +40,8 @@ READY = web.AppKey("ready", dict)
 # they took, for the request whose exchange had these Notes (the memory side stores the turn).
 AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
 ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
+# The app's wall clock (a bench replays hours of a session in seconds with its own).
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
 
 @dataclass(slots=True)
@@ -75,6 +77,23 @@ _ACCESS_FIELDS = tuple(f.name for f in dataclass_fields(Access) if f.name != "no
 
 ACCESS = web.RequestKey("access", Access)
 
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A ``/v1/responses`` request as it went upstream (the ledger counts its tokens)."""
+
+    at: float  # when it arrived, by the app's CLOCK
+    raw: bytes  # the client's body
+    forwarded: bytes  # what went upstream (the same object when nothing changed)
+    exchange: Exchange | None  # None: not a Responses request, forwarded as sent
+
+
+SENT = web.RequestKey("sent", Sent)
+# Told each /v1/responses request once it is over (answered, failed or given up), with its
+# access line and status; runs in the access middleware's ``finally``: never raises into it.
+FinishedHook = Callable[[web.Request, Access, int], object]
+FINISHED: web.AppKey[list[FinishedHook]] = web.AppKey("finished")
+
 StepsFactory = Callable[[web.Application], Sequence[Step]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -84,7 +103,11 @@ def default_steps(app: web.Application) -> Sequence[Step]:
 
 
 def create_app(
-    settings: Settings, *, steps: StepsFactory = default_steps, upstream: Upstream | None = None
+    settings: Settings,
+    *,
+    steps: StepsFactory = default_steps,
+    upstream: Upstream | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> web.Application:
     """Build the proxy app. Clients open in cleanup contexts; nothing runs at import time.
 
@@ -101,6 +124,8 @@ def create_app(
     app[METRICS] = metrics = Metrics()
     app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
+    app[CLOCK] = clock
+    app[FINISHED] = []
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         client = upstream or Upstream(
@@ -222,6 +247,12 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     **info.fields(),
                 ),
             )
+        # After the line: what the hooks cost never delays it.
+        for finished in request.app[FINISHED] if route == "responses" else ():
+            try:
+                finished(request, info, status)
+            except Exception:
+                log.exception("recording the request failed")
 
 
 def _route_name(request: web.Request) -> str:
@@ -272,8 +303,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
     """
     app = request.app
     info = request[ACCESS]
+    at = app[CLOCK]()
     raw = await read_body(request)
     body = raw
+    ex: Exchange | None = None
     try:
         ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
                                       request.get(PRINCIPAL))
@@ -297,6 +330,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     info.bytes_in = len(raw)
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
+    request[SENT] = Sent(at, raw, body, ex)
     return await relay(request, "responses", body, tap_usage=True)
 
 

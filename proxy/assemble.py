@@ -8,12 +8,13 @@ kept whole for their fetch line by ``proxy/outputs.py``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
 from config import Settings
-from proxy import knowledge_wiring, memory_wiring, outputs
+from proxy import explain, knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
 from proxy.app import SETTINGS, add_passthrough, create_app
 from proxy.upstream import Upstream
 from request import Step
@@ -30,11 +31,19 @@ def steps(app: web.Application) -> Sequence[Step]:
     return [s for s in ordered if s is not None]
 
 
-def build_app(settings: Settings, *, upstream: Upstream | None = None) -> web.Application:
-    """The full app as ``ctxproxy serve`` runs it."""
-    app = create_app(settings, steps=steps, upstream=upstream)
+def build_app(
+    settings: Settings,
+    *,
+    upstream: Upstream | None = None,
+    clock: Callable[[], float] = time.time,
+) -> web.Application:
+    """The full app as ``ctxproxy serve`` runs it (``clock``: the ledger's time)."""
+    app = create_app(settings, steps=steps, upstream=upstream, clock=clock)
     knowledge_wiring.install(app)
     memory_wiring.install(app)
+    ledger_wiring.install(app)
     outputs.install(app)
+    ui.install(app)
+    explain.install(app)
     add_passthrough(app)  # last: local routes first
     return app

@@ -41,6 +41,10 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # model's shell, which has no client key: the unguessable id and the session header it must
 # match, and the capability token (knowledge/capability.py), are their credentials.
 OUTPUTS_ROUTE = "outputs"
+# A browser cannot send a bearer key: the dashboard's sign-in page (open) puts the key in this
+# cookie, which counts like the bearer key on /ui pages and nowhere else.
+UI_COOKIE = "ctxproxy_key"
+UI_LOGIN_ROUTES = frozenset({"ui:login", "ui:login-post"})
 SHELL_ROUTES = frozenset({OUTPUTS_ROUTE, *TOOL_ROUTES})
 # The embedded core's discovery calls name a team and an agent in their body.
 DISCOVERY_ROUTES = frozenset({f"{ROUTE}:list", f"{ROUTE}:agent_assets"})
@@ -144,9 +148,11 @@ def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         # match_info is resolved before the middlewares run: only the matched route counts.
         route = request.match_info.route.name
-        if request.path in OPEN_PATHS or route in SHELL_ROUTES:
+        if request.path in OPEN_PATHS or route in SHELL_ROUTES or route in UI_LOGIN_ROUTES:
             return await handler(request)
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if not presented and (route or "").startswith("ui") and UI_COOKIE in request.cookies:
+            scheme, presented = "bearer", request.cookies[UI_COOKIE]
         token = presented.strip().encode()
         # Compare against every key, so timing does not tell which one nearly matched.
         usable = scheme.lower() == "bearer" and token != b""

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib.metadata
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -37,10 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
-        description="A transparent context proxy for coding agents (OpenAI Responses API).",
+        description="A transparent context proxy for coding agents (OpenAI Responses API). "
+        "With no command it serves, as `ctxproxy serve` does.",
         epilog=settings_help(),
         formatter_class=formatter,
     )
+    parser.add_argument("--version", action="version", version=f"ctxproxy {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="run the proxy", epilog=settings_help(), formatter_class=formatter
@@ -51,11 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ctxproxy")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
 def _command_modules() -> list[Any]:
     from knowledge import cli as knowledge_cli
+    from ledger import cli as ledger_cli
     from memory import cli as memory_cli
+    from proxy import doctor, explain_cli
 
-    return [knowledge_cli, memory_cli]
+    return [knowledge_cli, memory_cli, ledger_cli, explain_cli, doctor]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,7 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "unknown setting %s is ignored%s", name, hint,
             extra=logs.fields(variable=name, closest=closest),
         )
-    result = args.func(settings, args)
+    try:
+        result = args.func(settings, args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`ctxproxy memory export | head`): not an error of ours.
+        # Python flushes stdout again at exit: point it at devnull so that fails quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return int(result or 0)
 
 
@@ -107,7 +127,8 @@ def _run(settings: Settings, *, worker: int | None = None,
 
 def _listening(settings: Settings) -> dict[str, object]:
     return {"address": f"http://{settings.host}:{settings.port}",
-            "upstream": settings.upstream_url}
+            "upstream": settings.upstream_url, "data_dir": str(settings.data_dir),
+            "dashboard": f"http://{settings.host}:{settings.port}/ui"}
 
 
 async def _serve(settings: Settings, *, worker: int | None = None,

@@ -82,6 +82,12 @@ class Metrics:
             "request waited behind work on the loop.",
             buckets=LAG_BUCKETS, registry=r,
         )
+        self.ledger_dropped = Counter(
+            "ctxproxy_ledger_dropped",
+            "Request rows for ctxproxy stats not written: the queue was full, or the write "
+            "failed.",
+            ["reason"], registry=r,
+        )
         self.tokens = Counter(
             "ctxproxy_upstream_tokens", "Input tokens reported by the upstream.", ["kind"],
             registry=r,

@@ -7,6 +7,8 @@ and on the relay's hot path that costs several times less CPU than h11 (bench/RE
 from __future__ import annotations
 
 import io
+import logging
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -17,6 +19,9 @@ from proxy.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from proxy.targets import check_path
 
 LARGE_BODY = 512 * 1024
+WARN_EVERY_S = 60.0  # an unreachable upstream is a warning once a minute, not per request
+
+log = logging.getLogger("ctxproxy")
 
 
 class Upstream:
@@ -37,6 +42,7 @@ class Upstream:
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
+        self._warned_at = -WARN_EVERY_S
 
     async def start(self) -> None:
         connector = self._connector() if self._connector else aiohttp.TCPConnector(
@@ -84,6 +90,11 @@ class Upstream:
             # a header): the request itself is malformed.
             raise BadRequest(f"the request cannot be forwarded: {exc}") from exc
         except aiohttp.ClientError as exc:
+            now = time.monotonic()
+            if now - self._warned_at >= WARN_EVERY_S:
+                self._warned_at = now
+                log.warning("the upstream %s cannot be reached: %s (requests get 502)",
+                            self.base, exc)
             raise UpstreamUnreachable(
                 f"the upstream could not be reached ({type(exc).__name__})"
             ) from exc

@@ -113,6 +113,7 @@ class Notes:
     knowledge_assets: int | None = None
     memory_cache: str | None = None
     memory_recalled: int | None = None
+    memory_ids: tuple[str, ...] | None = None  # the memories shown (standing and recalled)
     memory_degraded: bool | None = None
     recall_kept: int | None = None
     recall_mode: str | None = None  # hybrid, lexical, lexical-degraded

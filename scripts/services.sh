@@ -1,6 +1,7 @@
 # Sourced by `make test`: makes sure a PostgreSQL server and the Codex CLI are there, and
-# exports CTXPROXY_TEST_PG_URL and CTXPROXY_TEST_CODEX for the tests. Installs from the
-# package registries on first use (Debian's postgresql, npm's @openai/codex).
+# exports CTXPROXY_TEST_PG_URL and CTXPROXY_TEST_CODEX for the tests, and that Chromium is
+# there for the dashboard's browser test. Installs from the package registries on first use
+# (Debian's postgresql, chromium and chromium-driver; npm's @openai/codex).
 
 _ctx_root=$(pwd)
 _codex_version=${CODEX_VERSION:-0.169.0}
@@ -39,5 +40,16 @@ _ctx_codex() {
     export CTXPROXY_TEST_CODEX="$dir/node_modules/.bin/codex"
 }
 
+_ctx_chromium() {
+    # The dashboard's browser test drives Debian's Chromium through chromedriver.
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        return 0
+    fi
+    echo "services: installing Chromium and chromedriver (apt-get)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+}
+
 _ctx_pg || echo "services: PostgreSQL could not be started" >&2
 _ctx_codex || echo "services: the Codex CLI could not be installed" >&2
+_ctx_chromium || echo "services: Chromium could not be installed" >&2

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,20 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("CTXPROXY_"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging() -> Iterator[None]:
+    """A test that runs ``main()`` in-process configures logging for a real run (root level,
+    a handler on that test's stderr): give the next test the logging it had."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    quiet = {name: logging.getLogger(name).level for name in ("httpx", "aiohttp.access")}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, was in quiet.items():
+        logging.getLogger(name).setLevel(was)
 
 
 @pytest.fixture

@@ -100,6 +100,7 @@ class CodexCLI:
     headers: dict[str, str]
     api_key: str = "sk-e2e-client"
     runs: list[Run] = field(default_factory=list)
+    env_extra: dict[str, str] = field(default_factory=dict)  # more variables for Codex
 
     def __post_init__(self) -> None:
         self.home = self.root / "codex-home"
@@ -116,6 +117,7 @@ class CodexCLI:
             "CODEX_HOME": str(self.home),
             KEY_ENV: self.api_key,
             "LANG": "C.UTF-8",
+            **self.env_extra,
         }
 
     async def turn(self, prompt: str) -> Run:

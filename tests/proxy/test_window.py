@@ -88,9 +88,15 @@ def test_inserted_context_messages_are_not_turns() -> None:
     assert "<cwd>/home/dev/project2</cwd>" in message_text(tail[2])
 
 
-def all_fixture_requests() -> list[str]:
-    return sorted(str(p.relative_to(SHARED_FIXTURES))
-                  for p in SHARED_FIXTURES.glob("*/*_POST_v1_responses.json"))
+def all_fixture_requests() -> list[Any]:
+    """Every captured request under ../shared; without it, one case that skips saying so
+    (an empty parameter set would skip with pytest's "got empty parameter set")."""
+    found = sorted(str(p.relative_to(SHARED_FIXTURES))
+                   for p in SHARED_FIXTURES.glob("*/*_POST_v1_responses.json"))
+    if found:
+        return found
+    reason = f"{SHARED_FIXTURES} is absent: ../shared is not next to this clone (CI has it)"
+    return [pytest.param("", marks=pytest.mark.skip(reason=reason), id="no-shared-fixtures")]
 
 
 @pytest.mark.parametrize("name", all_fixture_requests())

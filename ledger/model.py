@@ -1,0 +1,109 @@
+"""The ledger's row, its sums, and the interface both stores (SQLite, PostgreSQL) give."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Literal, Protocol
+
+__all__ = ["GROUPS", "Group", "Ledger", "LedgerError", "Record", "Totals"]
+
+# How ``totals`` groups rows: by UTC day or hour, session, model, or all in one.
+Group = Literal["day", "hour", "session", "model", "all"]
+GROUPS: tuple[Group, ...] = ("day", "hour", "session", "model", "all")
+
+
+class LedgerError(Exception):
+    """The ledger's store failed (a driver error, a file that cannot be opened)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One ``/v1/responses`` request: numbers and ids only, never a prompt's text.
+
+    Tokens are counted off the request path: ``client_tokens`` is the client's own body,
+    ``forwarded_tokens`` what went upstream (both with the proxy's tokenizer). ``input_tokens``
+    and ``cached_tokens`` are the upstream's own report (None when it gave none).
+    ``direct_input`` and ``direct_cached`` are the counterfactual: the same request sent
+    directly, on the upstream's scale (see ledger/counterfactual.py); None without a report.
+    """
+
+    at: float
+    session_id: str
+    model: str
+    status: int
+    service_id: str = ""
+    team_id: str = ""
+    agent_id: str = ""
+    user_ref: str = ""
+    client_tokens: int | None = None
+    forwarded_tokens: int | None = None
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    direct_input: int | None = None
+    direct_cached: int | None = None
+    turns_in: int | None = None
+    turns_forwarded: int | None = None
+    items_cut: int = 0
+    outputs_masked: int = 0
+    memory_ids: tuple[str, ...] = ()
+    knowledge: bool = False
+    degraded: tuple[str, ...] = ()  # the steps that failed or degraded ("memory", "window")
+    ttfb_ms: float | None = None
+    request_id: int | None = field(default=None, compare=False)  # the store's row id
+
+
+RECORD_COLUMNS = tuple(f.name for f in fields(Record) if f.name != "request_id")
+
+
+@dataclass(slots=True)
+class Totals:
+    """Sums over the rows of one group and model (costs are priced from these, per model)."""
+
+    key: str
+    model: str
+    requests: int = 0
+    priced: int = 0  # rows with the upstream's usage (the only ones with costs)
+    client_tokens: int = 0
+    forwarded_tokens: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    direct_input: int = 0
+    direct_cached: int = 0
+    items_cut: int = 0
+    outputs_masked: int = 0
+    recalled: int = 0
+    degraded: int = 0  # requests with a degraded step
+    first_at: float = 0.0
+    last_at: float = 0.0
+
+
+class Ledger(Protocol):
+    """A store of Records. Every driver error leaves it as LedgerError."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def insert(self, records: list[Record]) -> None: ...
+
+    async def prune(self, before: float) -> int:
+        """Delete the rows older than ``before``; how many went."""
+        ...
+
+    async def totals(
+        self, by: Group, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
+    ) -> list[Totals]:
+        """Sums per (group, model), oldest group first (sessions: most recent first, at most
+        ``limit`` sessions). A range starts at the whole hour ``since`` falls in."""
+        ...
+
+    async def series(self, start: float, step: float) -> list[Totals]:
+        """Sums per (step, model) from ``start`` on; a Totals' key is its step's number."""
+        ...
+
+    async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
+        """One session's rows, oldest first (its newest ``limit``)."""
+        ...

@@ -1,0 +1,198 @@
+"""The ledger in PostgreSQL: a table of its own beside the memory store's, in the same
+database (``CTXPROXY_STORE_URL``), with its own migrations."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from ledger.model import Group, LedgerError, Record, Totals
+from ledger.sql import (
+    COLUMNS,
+    HOUR,
+    INSERT_COLUMNS,
+    ROLLUP,
+    ROLLUP_TABLE,
+    TABLE,
+    backfill_sql,
+    from_row,
+    hour_of,
+    rollup_rows,
+    series_params,
+    series_sql,
+    to_row,
+    totals_from,
+    totals_sql,
+    upsert_sql,
+)
+
+__all__ = ["MIGRATIONS", "PostgresLedger"]
+
+# Versioned schema. Append new versions; never edit an applied one.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            f"""CREATE TABLE {TABLE} (
+                request_id       bigserial PRIMARY KEY,
+                at               double precision NOT NULL,
+                session_id       text NOT NULL,
+                model            text NOT NULL,
+                status           integer NOT NULL,
+                service_id       text NOT NULL,
+                team_id          text NOT NULL,
+                agent_id         text NOT NULL,
+                user_ref         text NOT NULL,
+                client_tokens    bigint,
+                forwarded_tokens bigint,
+                input_tokens     bigint,
+                cached_tokens    bigint,
+                output_tokens    bigint,
+                direct_input     bigint,
+                direct_cached    bigint,
+                turns_in         integer,
+                turns_forwarded  integer,
+                items_cut        integer NOT NULL,
+                outputs_masked   integer NOT NULL,
+                memory_ids       text NOT NULL,
+                knowledge        integer NOT NULL,
+                degraded         text NOT NULL,
+                ttfb_ms          double precision,
+                recalled         integer NOT NULL
+            )""",
+            f"CREATE INDEX {TABLE}_at ON {TABLE} (at)",
+            f"CREATE INDEX {TABLE}_session_at ON {TABLE} (session_id, at)",
+        ),
+    ),
+    (
+        2,  # the hourly roll-up the reports read (ledger/sql.py), filled from the rows so far
+        (
+            ROLLUP_TABLE.format(int="bigint", real="double precision"),
+            f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
+            backfill_sql(1),
+        ),
+    ),
+)
+_UPSERT = upsert_sql(1, "%s")
+_VERSIONS = f"{TABLE}_migrations"
+_INSERT = (
+    f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES "
+    f"({', '.join(['%s'] * len(INSERT_COLUMNS.split(',')))})"
+)
+
+
+class PostgresLedger:
+    """Request rows in PostgreSQL (``CTXPROXY_STORE_URL``); replicas share them."""
+
+    def __init__(self, url: str, *, max_connections: int = 2, timeout_s: float = 5.0) -> None:
+        self._url = url  # holds the password: never logged
+        self._max = max_connections
+        self._timeout_s = timeout_s
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+
+    def __repr__(self) -> str:
+        return "PostgresLedger(<url>)"
+
+    async def open(self) -> None:
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
+            self._url, min_size=1, max_size=self._max, open=False, timeout=self._timeout_s,
+            check=AsyncConnectionPool.check_connection,
+            kwargs={"connect_timeout": max(1, round(self._timeout_s))},
+        )
+        try:
+            await self._migrate()
+            await pool.open(wait=True, timeout=self._timeout_s)
+        except (psycopg.Error, OSError) as exc:
+            await pool.close()
+            raise LedgerError(f"postgres: cannot open the ledger: {exc}") from exc
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _migrate(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, connect_timeout=max(1, round(self._timeout_s))
+        )
+        async with conn, conn.transaction():
+            # Replicas starting together apply each version once (the others wait).
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('ctxproxy.ledger:' || current_schema()))"
+            )
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {_VERSIONS} ("
+                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute(f"SELECT coalesce(max(version), 0) FROM {_VERSIONS}")
+            row = await cur.fetchone()
+            current = int(row[0]) if row else 0
+            for version, statements in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute(f"INSERT INTO {_VERSIONS} (version) VALUES (%s)", (version,))
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        if self._pool is None:
+            raise LedgerError("postgres: the ledger is not open")
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.Error, UnicodeError) as exc:
+            raise LedgerError(f"postgres: {exc}") from exc
+
+    async def insert(self, records: list[Record]) -> None:
+        if not records:
+            return
+        rolled = rollup_rows(records)
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            await cur.executemany(_INSERT, [to_row(r) for r in records])
+            # Sorted: concurrent replicas take the roll-up's row locks in one order.
+            await cur.executemany(_UPSERT, sorted(rolled))
+
+    async def prune(self, before: float) -> int:
+        hour = int(before // HOUR)
+        async with self._conn() as conn, conn.transaction():
+            cur = await conn.execute(f"DELETE FROM {TABLE} WHERE at < %s", (before,))
+            gone = cur.rowcount
+            # The hour the cut falls in is rolled up again from the rows it kept.
+            await conn.execute(f"DELETE FROM {ROLLUP} WHERE hour <= %s", (hour,))
+            await conn.execute(backfill_sql(1, where="WHERE at >= %s AND at < %s"),
+                               (hour * HOUR, (hour + 1) * HOUR))
+            return gone
+
+    async def totals(
+        self, by: Group, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
+    ) -> list[Totals]:
+        newest = by == "session" and limit is not None
+        sql = totals_sql(by, since=since is not None, session=session is not None, mark="%s",
+                         newest=newest)
+        params: list[object] = [p for p in (hour_of(since), session) if p is not None]
+        if newest:
+            params += [p for p in (hour_of(since), limit) if p is not None]
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params)
+            return [totals_from(by, row) for row in await cur.fetchall()]
+
+    async def series(self, start: float, step: float) -> list[Totals]:
+        hourly = step >= HOUR
+        sql = series_sql(1, hourly=hourly, mark="%s")
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, series_params(start, step, hourly))
+            return [totals_from("model", row) for row in await cur.fetchall()]
+
+    async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
+        sql = (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} WHERE session_id = %s"
+               " ORDER BY at DESC, request_id DESC LIMIT %s) t ORDER BY at, request_id")
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, (session, limit))
+            return [from_row(row) for row in await cur.fetchall()]

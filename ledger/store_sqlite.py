@@ -1,0 +1,256 @@
+"""The ledger in SQLite: its own file beside the memory store (``requests.sqlite3``), so that
+neither's writes wait on the other's. One thread of its own runs every call, off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from config.files import private_file
+from ledger.model import Group, LedgerError, Record, Totals
+from ledger.sql import (
+    COLUMNS,
+    HOUR,
+    INSERT_COLUMNS,
+    ROLLUP,
+    ROLLUP_TABLE,
+    TABLE,
+    backfill_sql,
+    from_row,
+    hour_of,
+    rollup_rows,
+    series_params,
+    series_sql,
+    to_row,
+    totals_from,
+    totals_sql,
+    upsert_sql,
+)
+
+__all__ = ["MIGRATIONS", "SqliteLedger"]
+
+T = TypeVar("T")
+_BUSY_TIMEOUT_S = 5.0
+
+# Versioned schema (PRAGMA user_version of this file). Append; never edit an applied one.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            f"""CREATE TABLE {TABLE} (
+                request_id       INTEGER PRIMARY KEY,
+                at               REAL NOT NULL,
+                session_id       TEXT NOT NULL,
+                model            TEXT NOT NULL,
+                status           INTEGER NOT NULL,
+                service_id       TEXT NOT NULL,
+                team_id          TEXT NOT NULL,
+                agent_id         TEXT NOT NULL,
+                user_ref         TEXT NOT NULL,
+                client_tokens    INTEGER,
+                forwarded_tokens INTEGER,
+                input_tokens     INTEGER,
+                cached_tokens    INTEGER,
+                output_tokens    INTEGER,
+                direct_input     INTEGER,
+                direct_cached    INTEGER,
+                turns_in         INTEGER,
+                turns_forwarded  INTEGER,
+                items_cut        INTEGER NOT NULL,
+                outputs_masked   INTEGER NOT NULL,
+                memory_ids       TEXT NOT NULL,
+                knowledge        INTEGER NOT NULL,
+                degraded         TEXT NOT NULL,
+                ttfb_ms          REAL,
+                recalled         INTEGER NOT NULL
+            )""",
+            f"CREATE INDEX {TABLE}_at ON {TABLE} (at)",
+            f"CREATE INDEX {TABLE}_session_at ON {TABLE} (session_id, at)",
+        ),
+    ),
+    (
+        2,  # the hourly roll-up the reports read (ledger/sql.py), filled from the rows so far
+        (
+            ROLLUP_TABLE.format(int="INTEGER", real="REAL"),
+            f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
+            backfill_sql(0),
+        ),
+    ),
+)
+_UPSERT = upsert_sql(0, "?")
+
+_INSERT = (
+    f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES "
+    f"({', '.join('?' * len(INSERT_COLUMNS.split(',')))})"
+)
+
+
+class SqliteLedger:
+    """Request rows in ``path`` (default ``CTXPROXY_DATA_DIR/requests.sqlite3``)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"SqliteLedger({str(self.path)!r})"
+
+    async def open(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-ledger")
+        try:
+            self._conn = await self._run(self._connect)
+        except LedgerError:
+            await self.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            private_file(self.path)  # owner-only, as every file of the data directory
+        except OSError as exc:
+            raise LedgerError(f"sqlite: cannot create {self.path}: {exc}") from exc
+        conn = sqlite3.connect(
+            self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        try:
+            _wal(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        executor.shutdown(wait=False)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise LedgerError("sqlite: the ledger is not open")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except (sqlite3.Error, UnicodeError) as exc:
+            raise LedgerError(f"sqlite: {exc}") from exc
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise LedgerError("sqlite: the ledger is not open")
+        return self._conn
+
+    async def insert(self, records: list[Record]) -> None:
+        if not records:
+            return
+        rows = [to_row(r) for r in records]
+        rolled = rollup_rows(records)
+
+        def insert() -> None:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(_INSERT, rows)
+                db.executemany(_UPSERT, rolled)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+        await self._run(insert)
+
+    async def prune(self, before: float) -> int:
+        hour = int(before // HOUR)
+
+        def prune() -> int:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                gone = db.execute(f"DELETE FROM {TABLE} WHERE at < ?", (before,)).rowcount
+                # The hour the cut falls in is rolled up again from the rows it kept.
+                db.execute(f"DELETE FROM {ROLLUP} WHERE hour <= ?", (hour,))
+                db.execute(backfill_sql(0, where="WHERE at >= ? AND at < ?"),
+                           (hour * HOUR, (hour + 1) * HOUR))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return gone
+
+        return await self._run(prune)
+
+    async def totals(
+        self, by: Group, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
+    ) -> list[Totals]:
+        newest = by == "session" and limit is not None
+        sql = totals_sql(by, since=since is not None, session=session is not None, mark="?",
+                         newest=newest)
+        params: list[object] = [p for p in (hour_of(since), session) if p is not None]
+        if newest:
+            params += [p for p in (hour_of(since), limit) if p is not None]
+
+        def totals() -> list[Totals]:
+            return [totals_from(by, row) for row in self._db().execute(sql, params)]
+
+        return await self._run(totals)
+
+    async def series(self, start: float, step: float) -> list[Totals]:
+        hourly = step >= HOUR
+        sql = series_sql(0, hourly=hourly, mark="?")
+        params = series_params(start, step, hourly)
+
+        def series() -> list[Totals]:
+            return [totals_from("model", row) for row in self._db().execute(sql, params)]
+
+        return await self._run(series)
+
+    async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
+        sql = (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} WHERE session_id = ?"
+               " ORDER BY at DESC, request_id DESC LIMIT ?) ORDER BY at, request_id")
+
+        def timeline() -> list[Record]:
+            return [from_row(row) for row in self._db().execute(sql, (session, limit))]
+
+        return await self._run(timeline)
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    """WAL, retried while another process is creating the same file."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file apply each version once
+    try:
+        current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {int(version)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,276 @@
+"""What the pipeline did to a request: ``ctxproxy explain``'s report, the ring of recent
+requests it reads with ``--last``, and ``CTXPROXY_CAPTURE_DIR``'s redacted bodies.
+
+The report compares the client's body with the forwarded one, part by part (instructions,
+tools, each input item, by digest): items cut, tool outputs masked (same call, other bytes),
+items and instruction text added, with their sizes, and both token counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from config.files import private_file
+from injectors import tokens
+from injectors.redact import redact
+from ledger.counterfactual import PartCounter
+from proxy.app import FINISHED, SENT, SETTINGS, Access
+from proxy.errors import error_response
+from request import History, message_text, output_text
+
+__all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render"]
+
+log = logging.getLogger("ctxproxy")
+RING = 64  # recent requests kept in memory...
+RING_BYTES = 64 * 1024 * 1024  # ...with at most this many bytes of bodies
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+_TAG = re.compile(r"<([a-z_]{3,40})[\s>]")
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One request as the ring keeps it."""
+
+    at: float
+    session: str
+    raw: bytes
+    forwarded: bytes
+    status: int
+    notes: dict[str, Any]
+
+
+class Recent:
+    """The last ``size`` /v1/responses requests of this process, any session, holding at
+    most ``max_bytes`` of bodies (the oldest go first; the newest is always kept)."""
+
+    def __init__(self, size: int = RING, max_bytes: int = RING_BYTES) -> None:
+        self._ring: collections.deque[Seen] = collections.deque()
+        self._size = size
+        self._max_bytes = max_bytes
+        self.bytes = 0
+
+    def add(self, seen: Seen) -> None:
+        self._ring.append(seen)
+        self.bytes += _bytes(seen)
+        while len(self._ring) > 1 and (len(self._ring) > self._size
+                                       or self.bytes > self._max_bytes):
+            self.bytes -= _bytes(self._ring.popleft())
+
+    def last(self, session: str | None = None) -> Seen | None:
+        for seen in reversed(self._ring):
+            if session is None or seen.session == session:
+                return seen
+        return None
+
+
+def _bytes(seen: Seen) -> int:
+    return len(seen.raw) + (len(seen.forwarded) if seen.forwarded is not seen.raw else 0)
+
+
+RECENT = web.AppKey("recent", Recent)
+
+
+def install(app: web.Application) -> None:
+    """The ring, the route ``explain --last`` reads, and the capture directory."""
+    app[RECENT] = recent = Recent()
+    app.router.add_get("/ctxproxy/explain/last", last_route, name="explain")
+    app[FINISHED].append(_keep(recent))
+    if app[SETTINGS].capture_dir is not None:
+        app.cleanup_ctx.append(_capture_ctx)
+
+
+def _keep(recent: Recent) -> Any:
+    def keep(request: web.Request, info: Access, status: int) -> None:
+        sent = request.get(SENT)
+        if sent is not None:
+            notes = info.fields()
+            recent.add(Seen(sent.at, info.session_id or "", sent.raw, sent.forwarded, status,
+                            notes))
+
+    return keep
+
+
+async def last_route(request: web.Request) -> web.Response:
+    """GET /ctxproxy/explain/last[?session=ID][&body=1]: from this machine only."""
+    if request.remote not in LOOPBACK:
+        return error_response(403, "explain is answered on the proxy's own machine only",
+                              "invalid_request_error", "forbidden")
+    seen = request.app[RECENT].last(request.query.get("session"))
+    if seen is None:
+        return error_response(404, "no request seen yet (for that session) by this process",
+                              "invalid_request_error", "not_found")
+    with_body = request.query.get("body") in ("1", "true")
+    report = await asyncio.to_thread(_report, seen, with_body)
+    return web.json_response(report, dumps=lambda v: orjson.dumps(v).decode())
+
+
+def _report(seen: Seen, with_body: bool) -> dict[str, Any]:
+    report = explain(seen.raw, seen.forwarded)
+    report.update(session=seen.session, status=seen.status, at=seen.at, access=seen.notes)
+    if with_body:
+        report["body"] = redact_body(orjson.loads(seen.forwarded))
+    return report
+
+
+# --- the report --------------------------------------------------------------------------
+
+
+def _digest(item: Any) -> bytes:
+    return hashlib.blake2b(orjson.dumps(item, option=orjson.OPT_SORT_KEYS),
+                           digest_size=16).digest()
+
+
+def _describe(item: dict[str, Any]) -> str:
+    kind = item.get("type", "?")
+    role = item.get("role")
+    text = message_text(item) if kind == "message" else output_text(item)
+    label = f"{kind}/{role}" if role else str(kind)
+    head = " ".join(text.split())[:70]
+    return f"{label}: {head}" if head else label
+
+
+def explain(raw: bytes, forwarded: bytes) -> dict[str, Any]:
+    """What became of the client's body ``raw`` on its way out as ``forwarded``."""
+    client, sent = orjson.loads(raw), orjson.loads(forwarded)
+    items_in = client.get("input") if isinstance(client.get("input"), list) else []
+    items_out = sent.get("input") if isinstance(sent.get("input"), list) else []
+    counter = PartCounter(tokens.count)
+    in_digests = {_digest(i) for i in items_in}
+    in_calls = {i.get("call_id"): i for i in items_in
+                if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    out_digests = {_digest(i) for i in items_out}
+    masked, added = [], []
+    for item in items_out:
+        if _digest(item) in in_digests or not isinstance(item, dict):
+            continue
+        before = in_calls.get(item.get("call_id")) if item.get("call_id") else None
+        if before is not None:
+            masked.append({"call_id": item["call_id"], "chars_before": len(output_text(before)),
+                           "chars_after": len(output_text(item))})
+        else:
+            added.append({"item": _describe(item), "chars": len(orjson.dumps(item)),
+                          "tokens": counter.measure({"input": [item]}).tokens})
+    masked_ids = {m["call_id"] for m in masked}
+    cut = sum(1 for i in items_in if _digest(i) not in out_digests
+              and not (isinstance(i, dict) and i.get("call_id") in masked_ids
+                       and i.get("type") == "function_call_output"))
+    before_text = client.get("instructions") if isinstance(client.get("instructions"), str) else ""
+    after_text = sent.get("instructions") if isinstance(sent.get("instructions"), str) else ""
+    extra = after_text[len(before_text):] if after_text.startswith(before_text) else after_text
+    return {
+        "turns_in": _turns(items_in), "turns_forwarded": _turns(items_out),
+        "items_in": len(items_in), "items_forwarded": len(items_out), "items_cut": cut,
+        "outputs_masked": masked, "items_added": added,
+        "instructions_added": {"chars": len(extra), "tokens": tokens.count(extra) if extra else 0,
+                               "blocks": list(dict.fromkeys(_TAG.findall(extra)))},
+        "client_tokens": counter.measure(client).tokens,
+        "forwarded_tokens": counter.measure(sent).tokens,
+        "unchanged": raw == forwarded,
+    }
+
+
+def _turns(items: list[Any]) -> int:
+    try:
+        return History(items).turns
+    except TypeError:
+        return 0
+
+
+def redact_body(value: Any) -> Any:
+    """A JSON value with ``injectors.redact`` applied to every string in it (long strings are
+    cut to their head and tail as redaction does)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [redact_body(v) for v in value]
+    if isinstance(value, dict):
+        return {k: redact_body(v) for k, v in value.items()}
+    return value
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as ``ctxproxy explain`` prints it."""
+    lines = []
+    if report.get("session") is not None:
+        lines.append(f"session {report['session'] or '(none)'}, status {report.get('status')}")
+    if report.get("note"):
+        lines.append(report["note"])
+    lines += [
+        f"turns: {report['turns_in']} in, {report['turns_forwarded']} forwarded",
+        f"items: {report['items_in']} in, {report['items_forwarded']} forwarded, "
+        f"{report['items_cut']} cut",
+        f"tokens: {report['client_tokens']:,} sent by the client, "
+        f"{report['forwarded_tokens']:,} forwarded",
+    ]
+    if report["unchanged"]:
+        lines.append("forwarded as sent (no step changed it)")
+    masked = report["outputs_masked"]
+    lines.append(f"tool outputs masked: {len(masked)}")
+    lines += [f"  {m['call_id']}: {m['chars_before']:,} -> {m['chars_after']:,} chars"
+              for m in masked]
+    added = report["items_added"]
+    lines.append(f"items added: {len(added)}")
+    lines += [f"  {a['item']} ({a['chars']:,} chars, {a['tokens']:,} tokens)" for a in added]
+    extra = report["instructions_added"]
+    blocks = ", ".join(f"<{b}>" for b in extra["blocks"]) or "text"
+    lines.append(f"instructions added: {extra['chars']:,} chars, {extra['tokens']:,} tokens"
+                 + (f" ({blocks})" if extra["chars"] else ""))
+    return "\n".join(lines)
+
+
+# --- CTXPROXY_CAPTURE_DIR ----------------------------------------------------------------
+
+PENDING = 32  # captures waiting at most; more are dropped (a debugging aid, never a brake)
+
+
+async def _capture_ctx(app: web.Application) -> AsyncIterator[None]:
+    folder: Path = app[SETTINGS].capture_dir  # type: ignore[assignment]
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-capture")
+    pending = 0
+    loop = asyncio.get_running_loop()
+    count = 0
+
+    def write(name: str, forwarded: bytes) -> None:
+        body = redact_body(orjson.loads(forwarded))
+        path = folder / name
+        private_file(path)  # prompts, even redacted: owner-only like the data directory
+        path.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
+
+    def done(future: asyncio.Future[None]) -> None:
+        nonlocal pending
+        pending -= 1
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("capturing a body failed: %s", future.exception())
+
+    def capture(request: web.Request, info: Access, status: int) -> None:
+        nonlocal pending, count
+        sent = request.get(SENT)
+        if sent is None or pending >= PENDING or sent.exchange is None:
+            return
+        pending += 1
+        count += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(sent.at))
+        session = re.sub(r"[^A-Za-z0-9_-]", "_", info.session_id or "none")[:64]
+        future = loop.run_in_executor(pool, write, f"{stamp}-{session}-{count:06d}.json",
+                                      sent.forwarded)
+        future.add_done_callback(done)
+
+    app[FINISHED].append(capture)
+    try:
+        yield
+    finally:
+        pool.shutdown(wait=True)

@@ -1,0 +1,108 @@
+"""``ctxproxy explain``: what the pipeline does to a request body, and ``ctxproxy doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from config import Settings
+from proxy.auth import load_client_keys
+from proxy.explain import explain, redact_body, render
+from request import Exchange, NotAResponsesRequest
+from window.step import WindowStep
+
+__all__ = ["register"]
+
+OFFLINE_NOTE = (
+    "offline: the window as configured ran on this body; knowledge and memory blocks need the "
+    "running proxy (send the request through it, then: ctxproxy explain --last)"
+)
+
+
+def register(commands: Any) -> None:
+    p: argparse.ArgumentParser = commands.add_parser(
+        "explain", help="show what the pipeline does to a request body",
+        description="Turns in and kept, items cut, outputs masked, blocks added with their "
+        "sizes, the tokens sent and forwarded. FILE ('-': stdin) is run through the window "
+        "here; --last asks the running proxy about the last request it served.",
+    )
+    p.add_argument("file", nargs="?", help="a /v1/responses request body (JSON)")
+    p.add_argument("--last", action="store_true",
+                   help="the last request the running proxy served (kept in memory)")
+    p.add_argument("--session", help="with --last: that session's last request")
+    p.add_argument("--url", help="the running proxy (default: http://HOST:PORT)")
+    p.add_argument("--body", action="store_true",
+                   help="also print the forwarded body, secrets redacted")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_run)
+
+
+def _run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.last == bool(args.file):
+        print("ctxproxy explain: give a FILE or --last", file=sys.stderr)
+        return 2
+    try:
+        report = _last(settings, args) if args.last else _offline(settings, args)
+    except (OSError, httpx.HTTPError, ValueError) as exc:
+        print(f"ctxproxy explain: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        return 0
+    print(render(report))
+    if args.body and "body" in report:
+        print("forwarded body (secrets redacted):")
+        sys.stdout.buffer.write(orjson.dumps(report["body"], option=orjson.OPT_INDENT_2) + b"\n")
+    return 0
+
+
+def _offline(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    headers = CIMultiDict[str]()
+    if args.session:
+        headers["session-id"] = args.session
+    try:
+        ex = Exchange.parse(raw, CIMultiDictProxy(headers), settings)
+    except NotAResponsesRequest as exc:
+        raise ValueError(f"not a Responses request, it would go out as sent: {exc}") from exc
+    asyncio.run(WindowStep.from_settings(settings)(ex))
+    forwarded = ex.serialise()
+    report = explain(raw, forwarded)
+    report["note"] = OFFLINE_NOTE
+    if args.body:
+        report["body"] = redact_body(orjson.loads(forwarded))
+    return report
+
+
+def _last(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    url = (args.url or f"http://{_host(settings.host)}:{settings.port}").rstrip("/")
+    params = {"body": "1"} if args.body else {}
+    if args.session:
+        params["session"] = args.session
+    headers = {}
+    keys = load_client_keys(settings.client_keys)
+    if keys:
+        headers["Authorization"] = "Bearer " + keys[0].key.decode()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its request line is noise here
+    response = httpx.get(url + "/ctxproxy/explain/last", params=params, headers=headers,
+                         timeout=30)
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:200]
+        raise ValueError(f"{url} answered {response.status_code}: {message}")
+    report: dict[str, Any] = response.json()
+    return report
+
+
+def _host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

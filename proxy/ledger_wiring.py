@@ -1,0 +1,123 @@
+"""How the request ledger plugs into the app: its store, the recorder fed by every
+``/v1/responses`` request once it is over, and the handle the ``/ui`` pages read."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from injectors import tokens
+from ledger import Ledger, LedgerError, Prices, Record
+from ledger.counterfactual import PartCounter
+from ledger.recorder import Pending, Recorder
+from ledger.stores import make_ledger
+from proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
+
+__all__ = ["LEDGER", "LedgerSide", "install"]
+
+log = logging.getLogger("ctxproxy.ledger")
+
+
+@dataclass(slots=True)
+class LedgerSide:
+    """The ledger of one app: its store (None: it could not open), recorder and prices."""
+
+    ledger: Ledger | None
+    recorder: Recorder | None
+    prices: Prices
+    error: str | None = None
+
+
+LEDGER = web.AppKey("ledger", LedgerSide)
+
+
+def install(app: web.Application) -> None:
+    settings = app[SETTINGS]
+    prices = Prices.from_setting(settings.prices)
+    if not settings.stats_enabled:
+        app[LEDGER] = LedgerSide(None, None, prices, "CTXPROXY_STATS_ENABLED is off")
+        return
+    app.cleanup_ctx.append(_ledger_ctx)
+
+
+async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings, metrics = app[SETTINGS], app[METRICS]
+    prices = Prices.from_setting(settings.prices)
+    ledger = make_ledger(settings)
+    try:
+        await ledger.open()
+    except LedgerError as exc:
+        # The proxy serves on; only the stats are missing (said on /ui and in the log).
+        log.warning("request stats are off: the ledger did not open: %s", exc)
+        app[LEDGER] = LedgerSide(None, None, prices, str(exc))
+        yield
+        return
+    recorder = Recorder(
+        ledger, PartCounter(tokens.count), retention_days=settings.stats_retention_days,
+        on_drop=lambda reason, n: metrics.ledger_dropped.labels(reason).inc(n),
+        clock=app[CLOCK],
+    )
+    recorder.start()
+    app[LEDGER] = LedgerSide(ledger, recorder, prices)
+    app[FINISHED].append(_finished(recorder))
+    try:
+        yield
+    finally:
+        await recorder.close()
+        await ledger.close()
+
+
+def _finished(recorder: Recorder) -> FinishedHook:
+    def finished(request: web.Request, info: Access, status: int) -> None:
+        sent = request.get(SENT)
+        if sent is not None:
+            recorder.put(pending(request.app, sent, info, status))
+
+    return finished
+
+
+TEXT_CHARS = 200  # a row's names: a header may be any length and hold lone surrogates
+
+
+def _text(value: str) -> str:
+    return value[:TEXT_CHARS].encode("utf-8", "replace").decode()
+
+
+def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pending:
+    """The row so far (what the relay knows), for the recorder to count and price."""
+    ex = sent.exchange
+    settings = app[SETTINGS]
+    notes = info.notes
+    degraded = list(info.steps_failed or ())
+    if notes is not None and notes.memory_degraded:
+        degraded.append("memory")
+    if info.fail_open:
+        degraded.append("parse")
+    if info.upstream_error:
+        degraded.append("upstream")
+    model = session = ""
+    team = agent = user = ""
+    if ex is not None:
+        value = ex.body.get("model")
+        model = value if isinstance(value, str) else ""
+        session = ex.identity.session_id or ""
+        team, agent = ex.identity.team_id or "", ex.identity.agent_id or ""
+        user = ex.identity.owner  # as memory scopes name it
+    record = Record(
+        at=sent.at, session_id=_text(session), model=_text(model), status=status,
+        service_id=settings.service_id, team_id=_text(team), agent_id=_text(agent),
+        user_ref=user,
+        input_tokens=info.input_tokens, cached_tokens=info.cached_tokens,
+        output_tokens=info.output_tokens,
+        turns_in=info.turns_in, turns_forwarded=info.turns_forwarded,
+        items_cut=info.items_cut or 0,
+        outputs_masked=(notes.outputs_masked or 0) if notes is not None else 0,
+        memory_ids=(notes.memory_ids or ()) if notes is not None else (),
+        knowledge=bool(notes is not None and notes.knowledge_assets),
+        degraded=tuple(degraded), ttfb_ms=info.ttfb_ms,
+    )
+    forwarded = None if sent.forwarded is sent.raw else sent.forwarded
+    return Pending(record, sent.raw, forwarded, parsed=ex is not None)

@@ -1,0 +1,189 @@
+"""Every /v1/responses request leaves a row, written off the relay; /ui shows the rows and
+asks for a key like every route under CLIENT_KEYS."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+from lxml import html
+
+from ledger.model import Record
+from proxy.ledger_wiring import LEDGER
+from proxy.memory_wiring import MEMORY
+from tests.conftest import ProxyFactory
+from tests.fakes import codex
+from tests.fakes.server import Running
+
+
+async def post(url: str, items: list[dict[str, Any]], session: str = "sess-1",
+               **headers: str) -> bytes:
+    async with aiohttp.ClientSession() as http, http.post(
+        url + "/v1/responses", data=orjson.dumps(codex.request(items, session)),
+        headers=codex.headers(session, **headers),
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.read()
+
+
+async def rows(proxy: Running, session: str = "sess-1") -> list[Record]:
+    side = proxy.app[LEDGER]
+    assert side.recorder is not None and side.ledger is not None
+    await side.recorder.join()
+    return await side.ledger.timeline(session)
+
+
+async def test_each_request_leaves_a_row_with_tokens_usage_and_cuts(
+    start_proxy: ProxyFactory,
+) -> None:
+    # Without the blocks the proxy adds (memory, the cut digest), only the cut shows.
+    proxy = await start_proxy(window_policy="fixed", keep_turns=2, trim_slack=0,
+                              memory_enabled=False, cut_digest_chars=0)
+    history = codex.session(6)
+    await post(proxy.url, history)
+    [row] = await rows(proxy)
+    assert (row.session_id, row.model, row.status) == ("sess-1", "fake-model", 200)
+    assert row.turns_in == 6 and row.turns_forwarded == 2 and row.items_cut > 0
+    assert row.client_tokens is not None and row.forwarded_tokens is not None
+    assert row.forwarded_tokens < row.client_tokens  # the cut turns were not sent
+    assert row.input_tokens is not None and row.input_tokens > 0  # the upstream's usage
+    assert row.direct_input is not None and row.direct_input > row.input_tokens
+    assert row.ttfb_ms is not None
+
+
+async def test_the_relay_does_not_wait_for_the_ledger(start_proxy: ProxyFactory) -> None:
+    proxy = await start_proxy()
+    ledger = proxy.app[LEDGER].ledger
+    assert ledger is not None
+    release = asyncio.Event()
+    real_insert = ledger.insert
+
+    async def slow_insert(records: list[Record]) -> None:
+        await release.wait()
+        await real_insert(records)
+
+    ledger.insert = slow_insert  # type: ignore[method-assign]
+    for n in range(3):  # answered while the ledger is stuck
+        await asyncio.wait_for(post(proxy.url, codex.session(n + 1)), 5)
+    release.set()
+    assert len(await rows(proxy)) == 3
+
+
+async def test_stats_off_records_nothing_and_ui_says_so(start_proxy: ProxyFactory) -> None:
+    proxy = await start_proxy(stats_enabled=False)
+    await post(proxy.url, codex.session(2))
+    async with aiohttp.ClientSession() as http, http.get(proxy.url + "/ui") as resp:
+        assert resp.status == 200
+        assert "CTXPROXY_STATS_ENABLED is off" in await resp.text()
+
+
+async def test_ui_pages_show_the_sessions_and_their_requests(start_proxy: ProxyFactory) -> None:
+    proxy = await start_proxy()
+    for n in range(1, 4):
+        await post(proxy.url, codex.session(n), session="alpha")
+    await post(proxy.url, codex.session(1), session="beta/1")
+    await rows(proxy, "alpha")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(proxy.url + "/ui?since=all") as resp:
+            page = await resp.text()
+            assert resp.status == 200 and resp.content_type == "text/html"
+            assert 'id="total-requests" data-value="4"' in page
+            assert "<script" not in page and "http" not in page.split("<main>")[1]
+        async with http.get(proxy.url + "/ui/sessions?since=all") as resp:
+            page = await resp.text()
+            assert "/ui/sessions/alpha" in page and "/ui/sessions/beta%2F1" in page
+        async with http.get(proxy.url + "/ui/sessions/beta%2F1") as resp:
+            assert resp.status == 200
+            assert 'id="total-requests" data-value="1"' in await resp.text()
+        async with http.get(proxy.url + "/ui/sessions/alpha") as resp:
+            page = await resp.text()
+            assert len(html.fromstring(page).xpath('//table[@id="timeline"]/tbody/tr')) == 3
+        async with http.get(proxy.url + "/ui/sessions/nobody") as resp:
+            assert resp.status == 404
+
+
+async def test_memory_browser_shows_and_forgets(start_proxy: ProxyFactory) -> None:
+    proxy = await start_proxy(keep_turns=1, window_policy="fixed", trim_slack=0)
+    await post(proxy.url, [*codex.session(4), codex.text("user", "what did step 2 do?")])
+    runtime = proxy.app[MEMORY]
+    await runtime.queue.join()
+    stored = await runtime.store.list(None)
+    assert stored
+    memory_id = stored[0].memory_id
+    async with aiohttp.ClientSession() as http:
+        async with http.get(proxy.url + "/ui/memory") as resp:
+            assert memory_id in await resp.text()
+        async with http.get(proxy.url + "/ui/memory?q=step") as resp:
+            assert resp.status == 200
+        async with http.get(proxy.url + f"/ui/memory/{memory_id}") as resp:
+            assert resp.status == 200 and "Forget this memory" in await resp.text()
+        async with http.post(proxy.url + f"/ui/memory/{memory_id}/forget") as resp:
+            assert resp.status == 200
+        async with http.get(proxy.url + f"/ui/memory/{memory_id}") as resp:
+            assert resp.status == 404
+    assert await runtime.store.get(memory_id) is None
+
+
+async def test_ui_needs_a_client_key_and_a_browser_signs_in_with_a_cookie(
+    start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy(client_keys="k-one,k-two", upstream_api_key="sk-up")
+    async with aiohttp.ClientSession() as http:
+        for path in ("/ui", "/ui/sessions", "/ui/memory", "/ui/memory/x"):
+            async with http.get(proxy.url + path) as resp:
+                assert resp.status == 401, path
+        async with http.get(proxy.url + "/ui",
+                            headers={"Authorization": "Bearer k-two"}) as resp:
+            assert resp.status == 200
+        async with http.get(proxy.url + "/ui/login") as resp:
+            assert resp.status == 200
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies for 127.0.0.1
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.post(proxy.url + "/ui/login", data={"key": "wrong"},
+                             allow_redirects=False) as resp:
+            assert resp.status == 303
+        async with http.get(proxy.url + "/ui") as resp:
+            assert resp.status == 401
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.post(proxy.url + "/ui/login", data={"key": "k-one"}) as resp:
+            assert resp.status == 200 and "Overview" in await resp.text()  # followed
+        # The cookie is for the dashboard only: the API still wants the bearer key.
+        async with http.post(proxy.url + "/v1/responses", json=codex.request(
+                codex.session(1))) as resp:
+            assert resp.status == 401
+
+
+
+
+async def raw_post(url: str, session: bytes) -> int:
+    """A request whose session-id header holds bytes that are not UTF-8 (aiohttp's client
+    would not send them)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = orjson.dumps(codex.request(codex.session(1), "x"))
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"session-id: " + session + b"\r\nConnection: close\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    status = await reader.readline()
+    await reader.read()
+    writer.close()
+    return int(status.split()[1])
+
+
+async def test_a_session_id_that_is_not_utf8_is_recorded_and_the_recorder_goes_on(
+    start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy()
+    # Not UTF-8, and long: answered (whatever the upstream makes of the header) and recorded.
+    assert await raw_post(proxy.url, b"caf\xe9" * 100) > 0
+    await post(proxy.url, codex.session(1), session="after")
+    side = proxy.app[LEDGER]
+    assert side.recorder is not None and side.ledger is not None
+    await side.recorder.join()
+    sessions = {t.key for t in await side.ledger.totals("session")}
+    assert "after" in sessions and len(sessions) == 2
+    assert all(len(s) <= 200 for s in sessions)

@@ -1,0 +1,45 @@
+"""`ctxproxy doctor`: the settings with their sources (secrets hidden), the data directory,
+and one line per check, exit 1 when one fails."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from tests.fakes.server import free_port
+from tests.fakes.upstream import FakeUpstream
+
+
+async def doctor(capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = await asyncio.to_thread(main, ["doctor"])
+    return code, capsys.readouterr().out
+
+
+async def test_doctor_shows_settings_and_checks_what_the_proxy_talks_to(
+    upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("CTXPROXY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_URL", upstream.url + "/v1")  # type: ignore[attr-defined]
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_API_KEY", "sk-never-printed")
+    code, out = await doctor(capsys)
+    assert code == 0, out
+    assert "sk-never-printed" not in out
+    assert "CTXPROXY_UPSTREAM_API_KEY" in out and "(set)  [environment]" in out
+    assert "CTXPROXY_KEEP_TURNS" in out and "[default]" in out
+    assert f"data directory: {tmp_path}" in out
+    for name in ("upstream", "store", "request stats", "core"):
+        assert f"ok   {name}" in out
+
+
+async def test_doctor_fails_on_an_unreachable_upstream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("CTXPROXY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_URL", f"http://127.0.0.1:{free_port()}/v1")
+    code, out = await doctor(capsys)
+    assert code == 1
+    assert "FAIL upstream" in out and "ok   store" in out
