@@ -177,6 +177,12 @@ _FILTERS = """m.service_id = %(service_id)s AND m.team_id = %(team_id)s
       AND m.type = ANY(%(types)s) AND (m.expires_at IS NULL OR m.expires_at > %(now)s)"""
 # The question is parsed by the same configuration as the documents; its first 64 lexemes
 # are OR-ed, since a question shares only some words with the memory that answers it.
+# Which of these lexemes (tsquery operands) any memory holds: one GIN probe each.
+_PRESENT = """
+SELECT p.part FROM unnest(%(parts)s::text[]) AS p(part)
+WHERE EXISTS (SELECT 1 FROM memories m WHERE m.tsv @@ p.part::tsquery)
+"""
+_PRESENCE_FACTOR = 4  # lexemes looked up at a time: this many times MAX_WORDS, rarest first
 _LEXEMES = """
 SELECT lexeme FROM unnest(to_tsvector('english'::regconfig, %s)) ORDER BY positions[1] LIMIT 64
 """
@@ -378,7 +384,24 @@ class PostgresStore:
                 return []
             stats = await self._statistics(conn)
             rarest = sorted(range(len(lexemes)), key=lambda i: stats.rows(lexemes[i]))
-            chosen = [lexemes[i] for i in sorted(rarest[:MAX_WORDS])]
+            # The planner costs a tsvector match as next to free and would rather read the
+            # whole table than the GIN index; every set read here is small by construction.
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            # A lexeme no memory holds looks rarest of all to the statistics, and finds
+            # nothing: a long prompt's new names and typos would leave the search empty.
+            held: list[int] = []
+            step = MAX_WORDS * _PRESENCE_FACTOR
+            for at in range(0, len(rarest), step):  # the rarest first, until enough are held
+                looked = rarest[at : at + step]
+                cur = await conn.execute(
+                    _PRESENT, {"parts": [_quote(lexemes[i]) for i in looked]})
+                present = {str(row[0]) for row in await cur.fetchall()}
+                held += [i for i in looked if _quote(lexemes[i]) in present]
+                if len(held) >= MAX_WORDS:
+                    break
+            if not held:
+                return []
+            chosen = [lexemes[i] for i in sorted(held[:MAX_WORDS])]
             plan = bound([round(stats.rows(lex)) for lex in chosen], BUDGET)
             params: dict[str, Any] = {
                 "service_id": scope.service_id,
@@ -400,9 +423,6 @@ class PostgresStore:
                 named["recent"] = _RECENT
             union = " UNION ".join(f"SELECT memory_id FROM {name}" for name in named)
             ctes = [*named.values(), f"pool AS ({union})"]
-            # The planner costs a tsvector match as next to free and would rather read the
-            # whole table than the GIN index; every set read here is small by construction.
-            await conn.execute("SET LOCAL enable_seqscan = off")
             # Planned with the actual lexemes (no generic plan), so that the planner knows a
             # rare lexeme from a common one.
             cur = await conn.execute(

@@ -405,6 +405,8 @@ class SqliteStore:
         db = self._db()
         within = _within(scope)
         total, counted = _rarest(db, words, within)
+        if not counted:
+            return []  # no word of the query is in any memory of the scope
         df = [n for n, _ in counted]
         idf = [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) for n in df]
         sql, params = _candidates_sql(
@@ -681,12 +683,14 @@ def _statements(script: str) -> list[str]:
 def _rarest(
     db: sqlite3.Connection, words: Sequence[str], within: Callable[[str], str]
 ) -> tuple[int, list[tuple[int, str]]]:
-    """About how many records there are, and the ``MAX_WORDS`` rarest words with their match
-    counts (up to ``BUDGET + 1``), rarest first. Counted with a low cap first, since a long
-    prompt's rare words are usually enough."""
+    """About how many records there are, and the ``MAX_WORDS`` rarest words that match at
+    all, with their match counts (up to ``BUDGET + 1``), rarest first. Counted with a low cap
+    first, since a long prompt's rare words are usually enough."""
     low = BUDGET // MAX_WORDS + 1
     total, *first = _counts(db, words, low, within)
-    counted = list(zip(first, words, strict=True))
+    # A word no memory holds finds nothing: a long prompt's new names and typos would
+    # otherwise be its "rarest" words and leave the search empty.
+    counted = [c for c in zip(first, words, strict=True) if c[0] > 0]
     rare = [c for c in counted if c[0] < low]
     common = [w for n, w in counted if n >= low]
     if len(rare) < MAX_WORDS and common:

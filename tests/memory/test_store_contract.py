@@ -134,6 +134,19 @@ async def test_search_answers_a_question_that_shares_only_some_words(store: Stor
     assert hits[0].relevance > 0
 
 
+async def test_a_long_prompt_whose_rarest_words_no_memory_holds_still_finds(
+    store: Store
+) -> None:
+    # New names and typos are the rarest words of a prompt; they must not be all it
+    # searches by.
+    await store.upsert([mem(f"ticket {n}: the deploy script failed on the replica", f"t{n}")
+                        for n in range(3)])
+    unknown = " ".join(f"qzx{n}vbn" for n in range(40))
+    hits = await store.search(SCOPE, f"{unknown} why did the deploy script fail?", now=T0)
+    assert {h.memory.key for h in hits} == {"t0", "t1", "t2"}
+    assert await store.search(SCOPE, unknown, now=T0) == []
+
+
 async def test_search_ranks_the_better_match_first(store: Store) -> None:
     await store.upsert([
         mem("deploy notes: the staging cluster runs in Frankfurt", "one-word"),
