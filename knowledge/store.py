@@ -11,7 +11,6 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from config.files import private_file
+from config.files import private_file, wal
 from knowledge.wiki import Page
 
 __all__ = ["FILENAME", "Catalogue", "SyncResult", "WrongType"]
@@ -149,19 +148,6 @@ def _new_id(prefix: str) -> str:
     return prefix + "".join(secrets.choice(_BASE36) for _ in range(8))
 
 
-def _wal(conn: sqlite3.Connection) -> None:
-    """Switch to WAL, retried: the switch ignores the busy timeout, so workers opening a new
-    file together would otherwise fail with "database is locked"."""
-    deadline = time.monotonic() + _BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
 
 class WrongType(ValueError):
     """A folder is already indexed as another type of asset (a wiki, a code graph)."""
@@ -189,7 +175,7 @@ class Catalogue:
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-        _wal(conn)
+        wal(conn, _BUSY_TIMEOUT_S)
         conn.execute("PRAGMA foreign_keys = ON")
         conn.executescript(SCHEMA)
         conn.executescript(CODE_SCHEMA)

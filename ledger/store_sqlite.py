@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from config.files import private_file
+from config.files import private_file, wal
 from ledger.model import Group, LedgerError, Record, Totals
 from ledger.sql import (
     COLUMNS,
@@ -119,7 +118,7 @@ class SqliteLedger:
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         try:
-            _wal(conn)
+            wal(conn, _BUSY_TIMEOUT_S)
             conn.execute("PRAGMA synchronous=NORMAL")
             _migrate(conn)
         except BaseException:
@@ -225,18 +224,6 @@ class SqliteLedger:
 
         return await self._run(timeline)
 
-
-def _wal(conn: sqlite3.Connection) -> None:
-    """WAL, retried while another process is creating the same file."""
-    deadline = time.monotonic() + _BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

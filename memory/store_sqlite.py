@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
-from config.files import private_file
+from config.files import private_file, wal
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
 from memory.vectors import Match, VectorIndex, VectorRow
@@ -277,7 +277,7 @@ class SqliteStore:
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         try:
-            _wal(conn)
+            wal(conn, _BUSY_TIMEOUT_S)
             conn.execute("PRAGMA synchronous=NORMAL")
             # A search touches a few thousand rows and index pages spread over the file;
             # SQLite's default 2 MB page cache made each touch a copy from the OS cache.
@@ -631,20 +631,6 @@ def _json_rows(
     row = db.execute(f"SELECT json_group_array(json_array({names})) FROM ({sql})", params)
     return list(orjson.loads(row.fetchone()[0]))
 
-
-def _wal(conn: sqlite3.Connection) -> None:
-    """Switch to WAL. Changing the journal mode does not wait on the busy handler: opening a
-    new file while another process migrates it fails at once, so that is retried here (on
-    the store's thread, at open) for as long as a busy wait would last."""
-    deadline = time.monotonic() + _BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
