@@ -55,6 +55,17 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 ProxyFactory = Callable[..., Awaitable[Running]]
+
+
+def without_chat_memory(start: ProxyFactory) -> ProxyFactory:
+    """``start`` with the proxy's own chat-memory asset left out of the knowledge block unless
+    a test asks for it: for tests about the core's assets."""
+
+    async def start_core_assets_only(**overrides: Any) -> Running:
+        overrides.setdefault("chat_memory_asset", False)
+        return await start(**overrides)
+
+    return start_core_assets_only
 # The proxies start_proxy serves, by URL: helpers that only hold a URL reach the app through it.
 SERVED: dict[str, Running] = {}
 

@@ -3,18 +3,11 @@ of their blocks unless a test asks for it (tests/knowledge/test_chat_memory.py d
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.conftest import ProxyFactory
-from tests.fakes.server import Running
+from tests.conftest import ProxyFactory, without_chat_memory
 
 
 @pytest.fixture
 def start_proxy(start_proxy: ProxyFactory) -> ProxyFactory:
-    async def start(**overrides: Any) -> Running:
-        overrides.setdefault("chat_memory_asset", False)
-        return await start_proxy(**overrides)
-
-    return start
+    return without_chat_memory(start_proxy)

@@ -4,12 +4,9 @@ isolation is in tests/knowledge/test_chat_memory.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.conftest import ProxyFactory
-from tests.fakes.server import Running
+from tests.conftest import ProxyFactory, without_chat_memory
 from tests.memory.conftest import backend, pg_url, store
 
 __all__ = ["backend", "pg_url", "store"]
@@ -17,8 +14,4 @@ __all__ = ["backend", "pg_url", "store"]
 
 @pytest.fixture
 def start_proxy(start_proxy: ProxyFactory) -> ProxyFactory:
-    async def start(**overrides: Any) -> Running:
-        overrides.setdefault("chat_memory_asset", False)
-        return await start_proxy(**overrides)
-
-    return start
+    return without_chat_memory(start_proxy)
