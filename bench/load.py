@@ -251,7 +251,7 @@ def knowledge(workdir: Path, data_dir: Path) -> str:
 
 
 def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | None,
-                workers: int = 1) -> Proc:
+                workers: int = 1, settings: Sequence[str] = ()) -> Proc:
     port = free_port()
     env = _server_env({
         "CTXPROXY_PORT": str(port),
@@ -259,6 +259,8 @@ def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | N
         "CTXPROXY_DATA_DIR": str(data_dir),
         "CTXPROXY_MEMORY_ENABLED": "true",
         "CTXPROXY_WORKERS": str(workers),
+        **{f"CTXPROXY_{name.upper()}": value
+           for name, _, value in (s.partition("=") for s in settings)},
     })
     proc = start("proxy", proxy_cmd(profile), env, port, workdir)
     # /healthz answers once one worker listens; the supervisor logs this once all do.
@@ -361,7 +363,8 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
                              args.pace_ms, seed=1)
-        proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers)
+        proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
+                            args.set)
         pids = tree(proxy.popen.pid)
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
         await drive(proxy.url, args.sessions, args.warmup_seconds, scripts, args.pace_ms, seed=2)
@@ -480,9 +483,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="40 sessions, 10 s")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
     parser.add_argument("--profile", type=Path, help="cProfile the proxy into this file")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the proxy (CTXPROXY_NAME), for experiments; "
+                             "implies --no-write")
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
-    if args.profile is not None:
+    if args.profile is not None or args.set:
         args.no_write = True  # a profiled proxy is slower: its figures are not the product's
     if args.quick:
         args.sessions, args.seconds, args.direct_seconds, args.warmup_seconds = 40, 10, 5, 2

@@ -125,33 +125,38 @@ def select(
     budget: int,
     cost: Callable[[Memory], int],
     overhead: Callable[[MemoryType], int],
+    view: Callable[[Candidate], Candidate | None] | None = None,
 ) -> list[Memory]:
     """The best ``k`` memories whose blocks fit in ``budget`` tokens, best first.
 
     A memory too big for what is left is skipped for a smaller one further down. A type's
-    first memory also pays for its block's wrapper (``overhead``).
+    first memory also pays for its block's wrapper (``overhead``). ``view(c)`` says how a
+    candidate is shown (a snippet), or None when it may not be: it is asked best first and
+    only until ``k`` are chosen, since it may cost more than everything else here. A memory
+    counts as its best candidate that may be shown.
     """
-    best: dict[str, Candidate] = {}
-    for c in candidates:
-        seen = best.get(c.memory.memory_id)
-        if seen is None or c.relevance > seen.relevance:
-            best[c.memory.memory_id] = c
-    ranked = sorted(
-        best.values(), key=lambda c: (-score(c, weights, now), c.memory.memory_id)
-    )
+    ranked = sorted(enumerate(candidates), key=lambda at: (
+        -score(at[1], weights, now), at[1].memory.memory_id, at[0]))
     chosen: list[Memory] = []
     kinds: set[MemoryType] = set()
+    decided: set[str] = set()
     used = 0
-    for c in ranked:
+    for _, c in ranked:
         if len(chosen) >= k:
             break
+        if c.memory.memory_id in decided:
+            continue  # a lesser candidate of a memory already placed or passed over
         if score(c, weights, now) <= 0:
             break
-        kind = c.memory.type
-        price = cost(c.memory) + (0 if kind in kinds else overhead(kind))
+        shown = c if view is None else view(c)
+        if shown is None:
+            continue
+        decided.add(c.memory.memory_id)
+        kind = shown.memory.type
+        price = cost(shown.memory) + (0 if kind in kinds else overhead(kind))
         if used + price > budget:
             continue
-        chosen.append(c.memory)
+        chosen.append(shown.memory)
         kinds.add(kind)
         used += price
     return chosen
@@ -363,26 +368,30 @@ class Recaller:
     ) -> list[Memory]:
         """The recall among ``candidates``, each as its snippet for ``query`` (pure)."""
         views: dict[str, tuple[Memory, float]] = {}
-        chosen: list[Candidate] = []
-        for c in candidates:
+
+        def shown_as(c: Candidate) -> Candidate | None:
             memory = c.memory
             if memory.memory_id in exclude:
-                continue
+                return None
             if memory.type == "working" and memory.session_id != session:
-                continue  # working memory belongs to its session
+                return None  # working memory belongs to its session
             if memory.memory_id not in views:
                 views[memory.memory_id] = self.view(memory, query)
             view, match = views[memory.memory_id]
             near = c.similarity is not None and c.similarity >= self.min_similarity
             if c.relevance < MENTIONED and match < min_score and not near:
-                continue
+                return None
             if near and match < min_score and c.span is not None:
                 # Found by meaning, not by the question's words: show the chunk that matched.
                 view = self.chunk_view(memory, c.span)
             if lines_of(view.text) <= set(shown.get(memory.memory_id, ())):
-                continue  # an earlier recall message in the window shows this already
-            chosen.append(Candidate(view, c.relevance))
-        return self.choose(chosen, budget, now)
+                return None  # an earlier recall message in the window shows this already
+            return Candidate(view, c.relevance)
+
+        return select(
+            candidates, weights=self.weights, now=now, k=self.k, budget=budget,
+            cost=self._cost, overhead=self._overhead, view=shown_as,
+        )
 
     def chunk_view(self, memory: Memory, span: tuple[int, int]) -> Memory:
         """``memory`` shown as its first line (the turn's prompt) and the lines of the chunk

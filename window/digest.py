@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -99,12 +100,14 @@ def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_dige
 
 
 def digest_message(
-    history: History, first: int, max_chars: int, clean: Callable[[str], str] = redact
+    history: History, first: int, max_chars: int, clean: Callable[[str], str] = redact,
+    cut_turn: Callable[[int], cut_digest.CutTurn] | None = None,
 ) -> Item | None:
     """A developer message with the turns before ``first`` (the newest MAX_TURNS of them, as
-    many as fit in ``max_chars``), secrets redacted; None when none fits."""
-    newest_first = (_cut_turn(history, n, clean)
-                    for n in range(first - 1, max(first - MAX_TURNS, 0) - 1, -1))
+    many as fit in ``max_chars``), secrets redacted; None when none fits. ``cut_turn(n)``, when
+    given, says what turn ``n`` is (a memo of ``_cut_turn``)."""
+    turn = cut_turn or (lambda n: _cut_turn(history, n, clean))
+    newest_first = (turn(n) for n in range(first - 1, max(first - MAX_TURNS, 0) - 1, -1))
     text = cut_digest.render(newest_first, max_chars)
     if text is None:
         return None
@@ -123,6 +126,12 @@ class Digests:
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
         self._made: LRUCache[tuple[object, ...], Item | None] = LRUCache(CACHED)
+        # Each cut turn as the digest tells it, by the same kind of key: the next cut's digest
+        # reads only the turn it newly cut. Filled from worker threads, hence the lock.
+        self._turns: LRUCache[tuple[object, ...], cut_digest.CutTurn] = LRUCache(
+            CACHED * MAX_TURNS
+        )
+        self._lock = threading.Lock()
 
     async def message(self, history: History, first: int, who: Identity) -> Item | None:
         lo = max(first - MAX_TURNS, 0)
@@ -134,12 +143,26 @@ class Digests:
         except KeyError:
             pass
         # Made once per cut, from as much of the history as was cut: off the event loop.
-        made = await asyncio.to_thread(self._make, history, first, lo)
+        made = await asyncio.to_thread(self._make, history, first, lo, key[:4])
         self._made[key] = made
         return made
 
-    def _make(self, history: History, first: int, lo: int) -> Item | None:
-        made = digest_message(history, first, self.max_chars)
+    def _make(
+        self, history: History, first: int, lo: int, whose: tuple[object, ...]
+    ) -> Item | None:
+        keys = history.prompt_keys(str(whose[3]))
+
+        def cut_turn(n: int) -> cut_digest.CutTurn:
+            key = (*whose, keys[n], history.starts[n], history.starts[n + 1])
+            with self._lock:
+                known = self._turns.get(key)
+            if known is None:
+                known = _cut_turn(history, n, redact)
+                with self._lock:
+                    self._turns[key] = known
+            return known
+
+        made = digest_message(history, first, self.max_chars, cut_turn=cut_turn)
         if made is not None:
             cut = history.items[history.starts[lo] : history.starts[first]]
             if len(made["content"][0]["text"]) * 2 > len(orjson.dumps(cut)):

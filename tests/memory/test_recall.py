@@ -6,11 +6,22 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from injectors import memory_blocks, tokens
 from memory.model import Hit, Memory, MemoryType, Scope
-from memory.recall import Candidate, Recaller, Weights, decay, fuse, mentioned_ids, select
+from memory.recall import (
+    Candidate,
+    Recaller,
+    Weights,
+    decay,
+    fuse,
+    mentioned_ids,
+    score,
+    select,
+)
 from memory.store_sqlite import SqliteStore
 
 SCOPE = Scope("svc", "team", "agent", "u_1")
@@ -166,3 +177,56 @@ def test_fusion_ranks_by_reciprocal_rank_and_keeps_the_vector_hits_chunk() -> No
     assert fused["a"].relevance == fused["c"].relevance == pytest.approx((1 / 61) / (2 / 62))
     assert (fused["b"].similarity, fused["b"].span) == (0.7, (0, 4))
     assert fused["a"].similarity is None
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    st.lists(st.tuples(st.integers(0, 7), st.floats(0.01, 1.0), st.integers(0, 3)),
+             max_size=30),
+    st.integers(1, 5), st.integers(20, 400),
+)
+def test_asking_for_views_lazily_chooses_what_viewing_every_candidate_would(
+    drawn: list[tuple[int, float, int]], k: int, budget: int,
+) -> None:
+    # Several candidates per memory, some of which may not be shown (their view is None)
+    # and some shown shorter: showing only the best few, on demand, picks the same.
+    kinds: list[MemoryType] = ["episodic", "semantic", "working"]
+    memories = [mem(f"memory {n} " + "word " * (n * 7), kinds[n % 3], age=n * DAY)
+                for n in range(8)]
+    candidates = [Candidate(memories[n], relevance) for n, relevance, _ in drawn]
+    shape = {(n, relevance): how for n, relevance, how in drawn}
+    def view(c: Candidate) -> Candidate | None:
+        how = shape[(int(c.memory.text.split()[1]), c.relevance)]
+        if how == 0:
+            return None
+        text = c.memory.text[: len(c.memory.text) // how]
+        return Candidate(replace(c.memory, text=text), c.relevance)
+
+    def pick(candidates: list[Candidate], **extra: object) -> list[Memory]:
+        return select(candidates, weights=DEFAULT, now=NOW, k=k, budget=budget, cost=cost,
+                      overhead=overhead, **extra)  # type: ignore[arg-type]
+
+    def every_viewed() -> list[Memory]:
+        # As recall chose before views were asked lazily: view every candidate, keep each
+        # memory's best, rank, fill the budget.
+        best: dict[str, Candidate] = {}
+        for c in candidates:
+            v = view(c)
+            if v is not None and (v.memory.memory_id not in best
+                                  or v.relevance > best[v.memory.memory_id].relevance):
+                best[v.memory.memory_id] = v
+        ranked = sorted(best.values(), key=lambda c: (-score(c, DEFAULT, NOW),
+                                                      c.memory.memory_id))
+        chosen: list[Memory] = []
+        used, kinds = 0, set()
+        for c in ranked:
+            if len(chosen) >= k:
+                break
+            price = cost(c.memory) + (0 if c.memory.type in kinds else overhead(c.memory.type))
+            if used + price <= budget:
+                chosen.append(c.memory)
+                kinds.add(c.memory.type)
+                used += price
+        return chosen
+
+    assert pick(candidates, view=view) == every_viewed()

@@ -3,6 +3,10 @@ that what they find is what gets replaced."""
 
 from __future__ import annotations
 
+import random
+import string
+
+from injectors.bounds import RECORD_CHARS
 from injectors.redact import MARK, redact
 from injectors.secret_rules import rules, spans
 
@@ -38,3 +42,14 @@ def test_redacting_twice_changes_nothing_more() -> None:
     text = "key SG." + "a" * 22 + "." + "b" * 43 + " and twilio SK" + "0" * 32
     once = redact(text)
     assert once.count(MARK) == 2 and redact(once) == once
+
+
+def test_the_rule_set_finds_a_secret_at_the_end_of_a_whole_record() -> None:
+    # One pass of the rules' RE2 set decides which rules run: a record of varied text (the
+    # set's DFA meets many states) must not exhaust it and report nothing.
+    rng = random.Random(7)
+    alphabet = string.ascii_letters + string.digits + string.punctuation + " \n"
+    noise = "".join(rng.choice(alphabet) for _ in range(RECORD_CHARS - 100))
+    secret = "SG." + "a" * 22 + "." + "b" * 43
+    assert spans(f"{noise} {secret}") != []
+    assert secret not in redact(f"{noise} {secret}")

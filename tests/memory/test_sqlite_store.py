@@ -94,3 +94,24 @@ async def test_search_is_ranked_by_words_matched_then_bm25(tmp_path: Path) -> No
     assert [h.memory.key for h in hits] == ["both", "port"]
     assert 1 > hits[0].relevance > hits[1].relevance > 0
     await store.close()
+
+
+async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_path: Path) -> None:
+    # A search weighs candidates by their length: the stored count follows the text.
+    path = tmp_path / "memory.sqlite3"
+    old = SqliteStore(path)
+    with pytest.MonkeyPatch.context() as m:  # a store from before the column
+        m.setattr("memory.store_sqlite.MIGRATIONS", MIGRATIONS[:-1])
+        await old.open()
+        await old.upsert([mem("before", "written before the column: ünïcode")])
+        await old.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await store.upsert([mem("a", "short"), mem("b", "€ twelve chars")])
+        await store.upsert([mem("a", "a longer text than before")])
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT key, chars, length(text) FROM memories").fetchall()
+    assert len(rows) == 3 and all(chars == length for _, chars, length in rows), rows

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 from lxml import etree
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from config import load_settings
 from injectors.cut_digest import CutTurn, render
-from request import Exchange, History, is_turn_start
+from request import Exchange, History, Identity, is_turn_start
 from tests.fakes import codex
-from window.digest import digest_message
+from window import digest as digest_module
+from window.digest import Digests, digest_message
 from window.step import WindowStep
 
 Item = dict[str, Any]
@@ -133,3 +135,23 @@ def test_hostile_outputs_cost_bounded_work() -> None:
     small, huge = digest(10_000), digest(1_000_000)
     assert small is not None and small == huge
     assert len(small["content"][0]["text"]) <= 8000
+
+
+async def test_each_cut_turn_is_read_once_and_every_digest_is_as_if_made_afresh() -> None:
+    digests = Digests(8000)
+    who = Identity(team_id="t", agent_id="a", user_key=None, session_id="s1")
+    items = [*codex.context_items()]
+    reads: list[int] = []
+    original = digest_module._cut_turn
+
+    def counting(history: History, n: int, clean: Any) -> CutTurn:
+        reads.append(n)
+        return original(history, n, clean)
+
+    for n in range(1, 7):  # each request cuts one more turn
+        items += task(n, output="log line\n" * 100)
+        history = History([*items, codex.text("user", f"task {n + 1}")])
+        with mock.patch.object(digest_module, "_cut_turn", counting):
+            made = await digests.message(history, n, who)
+        assert made is not None and made == digest_message(History(history.items), n, 8000)
+    assert sorted(reads) == list(range(6))
