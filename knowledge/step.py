@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from cachetools import LRUCache
+
 from injectors.instructions import append_block
 from injectors.knowledge_block import render
 from knowledge.capability import CapabilityKey, Grant, mint
@@ -14,6 +16,8 @@ from knowledge.model import Asset
 from request import Exchange, Identity
 
 __all__ = ["KnowledgeStep"]
+
+BLOCKS = 4096  # rendered blocks kept (a few KiB each)
 
 
 class KnowledgeStep:
@@ -34,6 +38,7 @@ class KnowledgeStep:
         self.service_id = service_id
         self.capability = capability  # the embedded core's tools want one per asset and scope
         self._clock = clock
+        self._blocks: LRUCache[tuple[object, ...], str | None] = LRUCache(BLOCKS)
 
     async def __call__(self, ex: Exchange) -> None:
         who = ex.identity
@@ -49,8 +54,15 @@ class KnowledgeStep:
             for asset, grant in self.local.listed(who):
                 assets.append(asset)
                 capabilities[asset.item.knowledge_id] = mint(self.capability, grant, now=now)
-        block = render(assets, service_id=self.service_id, session_id=who.session_id,
-                       capabilities=capabilities)
+        key = (tuple(assets), who.session_id, tuple(sorted(capabilities.items())))
+        try:
+            block = self._blocks[key]
+        except KeyError:
+            # The same bytes for every request of a session until its assets or capabilities
+            # change: rendered once (an lxml tree a request was a fair share of this step).
+            block = self._blocks[key] = render(
+                assets, service_id=self.service_id, session_id=who.session_id,
+                capabilities=capabilities)
         if block is None:
             return
         ex.body = append_block(ex.body, block)

@@ -822,14 +822,16 @@ def _rerank(
     """The best candidates again, by BM25 with the term frequencies read from their text
     (a record that says a word twice is likelier about it)."""
     folded = [_fold(w) for w in words]
-    # Only the tokens that start like a question word, found by one scan of the text.
-    forms = re.compile(r"\b(?:" + "|".join(map(re.escape, set(folded))) + r")[^\W_]*")
+    # Only the tokens that start like a question word, found by one scan of the text. No
+    # leading \b: without it ``re`` skips ahead to a question word's first letters; a match
+    # inside a word is dropped below (it consumes only that word's letters).
+    forms = re.compile(r"(?:" + "|".join(map(re.escape, set(folded))) + r")[^\W_]*")
     average = max(1.0, sum(len(m.text) for m, _ in candidates) / max(len(candidates), 1))
     scored = []
     for memory, matched in candidates:
         # Counted in the head of the text: a long tool output would cost more than it tells.
         head = memory.text[:_TF_CHARS].lower()
-        counts = collections.Counter(_fold(t) for t in forms.findall(head))
+        counts = collections.Counter(_fold(t) for t in _words_like(forms, head))
         size = len(memory.text) / average
         # The index says the word is there even when folding missed its form: at least 1.
         score = sum(_bm25(idf[i], max(1, counts[folded[i]]), size) for i in matched)
@@ -845,6 +847,12 @@ def _rerank(
 def _bm25(idf: float, tf: int, size: float) -> float:
     """One word's BM25 term; ``size``: the record's length over the average."""
     return idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * size))
+
+
+def _words_like(forms: re.Pattern[str], text: str) -> builtins.list[str]:
+    """What ``forms`` matches in ``text`` where a word starts (as if it began with ``\b``)."""
+    return [m.group() for m in forms.finditer(text)
+            if not m.start() or not (text[m.start() - 1].isalnum() or text[m.start() - 1] == "_")]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # called per token of every candidate a search reranks

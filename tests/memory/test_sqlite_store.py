@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from pathlib import Path
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from memory.model import Memory, Scope, StoreError
-from memory.store_sqlite import MIGRATIONS, SqliteStore
+from memory.store_sqlite import MIGRATIONS, SqliteStore, _words_like
 
 SCOPE = Scope("svc")
 
@@ -115,3 +118,12 @@ async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_pat
     with sqlite3.connect(path) as conn:
         rows = conn.execute("SELECT key, chars, length(text) FROM memories").fetchall()
     assert len(rows) == 3 and all(chars == length for _, chars, length in rows), rows
+
+
+@hypothesis.given(st.lists(st.sampled_from(
+    ["rat", "rates", "pirates", "_rates", "rat_e", "é", "rater", " ", "\n", ".", "-", "9", "ß"]),
+    max_size=30).map("".join))
+def test_reranking_counts_the_words_a_leading_word_boundary_would(text: str) -> None:
+    words = ["rat", "rate"]
+    alternatives = "(?:" + "|".join(words) + r")[^\W_]*"
+    assert _words_like(re.compile(alternatives), text) == re.findall(r"\b" + alternatives, text)
