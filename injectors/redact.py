@@ -159,11 +159,12 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (_AWS_SECRET, _aws_secret),
 )
 
-# A looser RE2 pattern per rule, matching wherever the rule could (a rule without one always
-# runs): one pass of an RE2 set over a text says which rules may match it, and a text with no
-# secret (nearly all) skips the rest, each of which costs ``re`` a step at every position.
-# Only for ASCII text: there the two engines agree on case and on what ``\s`` is (spelled out
-# below, as ``re`` counts \v and \x1c-\x1f too).
+# A looser RE2 pattern per rule, matching wherever the rule could: one pass of an RE2 set over
+# a text says which rules may match it, and a text with no secret (nearly all) skips the
+# rules' own scans, each of which costs ``re`` a step at every position. Only for ASCII text:
+# there the two engines agree on case and on what ``\s`` is (spelled out below, as ``re``
+# counts \v and \x1c-\x1f too). Every rule needs one (tests/memory/test_redact.py checks
+# that skipping changes nothing).
 _WS = r"[\t\n\v\f\r \x1c-\x1f]"
 _LOOSER: dict[re.Pattern[str], str] = {
     _PRIVATE_KEY: r"-----BEGIN",
@@ -180,32 +181,29 @@ _LOOSER: dict[re.Pattern[str], str] = {
            rf"|access[ _-]?key|pw|pwd)s?{_WS}+(?:is|was|are){_WS}",
     _KEYS: r"sk-|[rs]k_(?:live|test)_|gh[pousr]_|github_pat_|glpat-|xox[abposr]-|hf_|npm_"
            r"|AKIA|ASIA|AIza|eyJ",
-    _AWS_SECRET: r"[A-Za-z0-9/+]{40}",
+    # The rule's lookarounds, as characters or an end: a run of exactly 40.
+    _AWS_SECRET: r"(?:^|[^A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?:[^A-Za-z0-9/+=]|$)",
 }
+_EVERY = frozenset(range(len(_RULES)))
 
 
 @functools.cache
-def _looser() -> tuple[Any, tuple[int, ...]]:
-    """The RE2 set of the looser patterns, and which rule (index in ``_RULES``) each is."""
+def _looser() -> Any:
+    """The RE2 set of the looser patterns, in the order of ``_RULES``."""
     options = re2.Options()
     options.log_errors = False
     together = re2.Set.SearchSet(options)
-    which = []
-    for at, (pattern, _) in enumerate(_RULES):
-        if pattern in _LOOSER:
-            together.Add(_LOOSER[pattern])
-            which.append(at)
+    for pattern, _ in _RULES:
+        together.Add(_LOOSER[pattern])
     together.Compile()
-    return together, tuple(which)
+    return together
 
 
-def _may_match(text: str) -> set[int]:
+def _may_match(text: str) -> frozenset[int]:
     """The rules (indices in ``_RULES``) that may match ``text``."""
     if not text.isascii():
-        return set(range(len(_RULES)))
-    together, which = _looser()
-    found = {which[i] for i in together.Match(text) or ()}
-    return found | {at for at, (p, _) in enumerate(_RULES) if p not in _LOOSER}
+        return _EVERY
+    return frozenset(_looser().Match(text) or ())
 
 
 _WHITESPACE = " \t\n\r"
