@@ -245,14 +245,15 @@ class MemoryStep:
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
         # shared by everyone who opens the same way. Its turns are still remembered.
         own = session if ex.identity.session_id else ""
+        writing: asyncio.Future[None] | None = None
         if own:
-            try:
-                await self._working.update(
-                    scope, session, turns, now=now, compacted=ex.history.compacted
-                )
-                self._health.ok("working memory")
-            except StoreError as exc:
-                self._health.failed("working memory", exc)
+            update = self._update_working(scope, session, turns, now, ex.history.compacted)
+            if self._working.knows(scope, session):
+                # What it writes now comes from this turn, in the window, where standing
+                # memory does not look: written while recall reads (done before forwarding).
+                writing = asyncio.ensure_future(update)
+            else:
+                await update  # a session new to this process: its earlier turns' records first
         # The job keeps the parsed history alive until it runs: about the request's bytes.
         self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
                         len(ex.raw))
@@ -287,6 +288,8 @@ class MemoryStep:
             self._health.failed("recall", exc)
             return Prepared(degraded=True)
         finally:
+            if writing is not None:
+                await writing
             if self._recall_seconds is not None:
                 self._recall_seconds.observe(time.perf_counter() - start)
         if self._recalled is not None:
@@ -310,6 +313,15 @@ class MemoryStep:
             message=message,
             mode=mode,
         )
+
+    async def _update_working(
+        self, scope: Scope, session: str, turns: list[turns_.Turn], now: float, compacted: bool
+    ) -> None:
+        try:
+            await self._working.update(scope, session, turns, now=now, compacted=compacted)
+            self._health.ok("working memory")
+        except StoreError as exc:
+            self._health.failed("working memory", exc)
 
     def _remember(self, key: TurnKey, shown: Shown) -> None:
         self._shown[key] = shown

@@ -393,10 +393,16 @@ class PostgresStore:
             step = MAX_WORDS * _PRESENCE_FACTOR
             for at in range(0, len(rarest), step):  # the rarest first, until enough are held
                 looked = rarest[at : at + step]
-                cur = await conn.execute(
-                    _PRESENT, {"parts": [_quote(lexemes[i]) for i in looked]})
-                present = {str(row[0]) for row in await cur.fetchall()}
-                held += [i for i in looked if _quote(lexemes[i]) in present]
+                # A lexeme the statistics list is held (as of the last ANALYZE): only the
+                # rest are probed. GIN scans are bitmap scans, so a probe of a common lexeme
+                # would read its whole posting list; a rare one's is short.
+                unlisted = [_quote(lexemes[i]) for i in looked if lexemes[i] not in stats.freq]
+                present: set[str] = set()
+                if unlisted:
+                    cur = await conn.execute(_PRESENT, {"parts": unlisted})
+                    present = {str(row[0]) for row in await cur.fetchall()}
+                held += [i for i in looked
+                         if lexemes[i] in stats.freq or _quote(lexemes[i]) in present]
                 if len(held) >= MAX_WORDS:
                     break
             if not held:

@@ -77,6 +77,11 @@ class Working:
             OrderedDict()
         )
 
+    def knows(self, scope: Scope, session: str) -> bool:
+        """Whether this process wrote the session's working memory before (and still
+        remembers what it wrote)."""
+        return (scope, session) in self._known
+
     async def update(
         self, scope: Scope, session: str, turns: Sequence[Turn], *, now: float,
         compacted: bool = False,

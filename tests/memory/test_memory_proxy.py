@@ -425,3 +425,32 @@ async def test_a_store_that_hangs_costs_a_request_at_most_the_memory_budget(
     registry = proxy.app[METRICS].registry
     assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) >= 1
     release.set()
+
+
+async def test_a_constraint_is_stored_before_its_request_is_forwarded(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    # Working memory is written while recall reads, for a session this process knows; the
+    # write still ends before the request goes out, so another replica has it already.
+    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
+    store = runtime(proxy).store
+    slow_upsert = store.upsert
+
+    async def upsert(memories: Any) -> Any:
+        await asyncio.sleep(0.2)  # slower than recall: a write not awaited would show
+        return await slow_upsert(memories)
+
+    seen: list[list[str]] = []
+
+    async def look(request: Any, rec: Any) -> Any:
+        working = await store.list(None, types=["working"], limit=100)
+        seen.append([m.text for m in working])
+        return await upstream.stream(request, rec)
+
+    s = Session(proxy, upstream)
+    await s.say("Set up the migrations folder.")
+    await runtime(proxy).queue.join()
+    store.upsert = upsert  # type: ignore[method-assign]
+    upstream.then(look)
+    await s.say("Always use tabs for indentation. Now add the first migration.")
+    assert any("Always use tabs for indentation." in text for text in seen[0])
