@@ -347,28 +347,24 @@ class SqliteStore:
         executor.shutdown(wait=False)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the store's thread; sqlite errors become StoreError."""
-        if self._executor is None:
-            raise StoreError("sqlite: the memory store is not open")
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
-        except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
-            raise StoreError(f"sqlite: a row could not be read: {exc}") from exc
+        """Run ``fn(*args)`` on the writer thread; sqlite errors become StoreError."""
+        return await self._on(self._executor, fn, *args)
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run the read ``fn(*args)`` on a reader thread; as ``_run`` otherwise."""
-        readers = self._readers
-        if readers is None or self._conn is None:
-            raise StoreError("sqlite: the memory store is not open")
 
         def read() -> T:
             self._reader()
             return fn(*args)
 
+        return await self._on(self._readers if self._conn is not None else None, read)
+
+    async def _on(self, executor: ThreadPoolExecutor | None, fn: Callable[..., T],
+                  *args: Any) -> T:
+        if executor is None:
+            raise StoreError("sqlite: the memory store is not open")
         try:
-            return await asyncio.get_running_loop().run_in_executor(readers, read)
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: {exc}") from exc
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
