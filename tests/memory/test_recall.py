@@ -166,3 +166,16 @@ def test_fusion_ranks_by_reciprocal_rank_and_keeps_the_vector_hits_chunk() -> No
     assert fused["a"].relevance == fused["c"].relevance == pytest.approx((1 / 61) / (2 / 62))
     assert (fused["b"].similarity, fused["b"].span) == (0.7, (0, 4))
     assert fused["a"].similarity is None
+
+
+def test_fusion_of_several_vector_rankings_keeps_the_nearest_chunk() -> None:
+    # A long prompt's questions are searched one by one: the chunk shown is the one nearest
+    # any of them, whichever ranking came first.
+    fact = Memory(type="episodic", scope=Scope("s"), key="f", text="f", memory_id="f")
+    first = [Hit(fact, 0.6, 0.6, (6, 20))]
+    second = [Hit(fact, 0.3, 0.3, (0, 5))]
+    lexical = [Hit(fact, 0.9)]
+
+    (fused,) = fuse([lexical, first, second])
+
+    assert (fused.similarity, fused.span) == (0.6, (6, 20))
