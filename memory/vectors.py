@@ -25,9 +25,7 @@ from memory.turns import INDENT, TURN_CHARS
 
 __all__ = [
     "CHUNK_CHARS", "MAX_CHUNKS", "MAX_SENTENCES", "REREAD", "Match", "VectorIndex", "VectorRow",
-    "chunks",
-    "content_digest",
-    "pack", "unpack",
+    "chunks", "content_digest", "pack", "unpack",
 ]
 
 # About 130 tokens: shown whole with its turn's prompt within a snippet's budget
