@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import os
 import platform
 import random
@@ -50,10 +51,12 @@ import orjson
 
 from bench import recall as lexical
 from bench._results import RESULTS, write_block
-from bench.paraphrases import PARAPHRASES, shared_words
+from bench.paraphrases import PARAPHRASES, SETS, Paraphrase, shared_words
 from config import load_settings
 from memory.embed import HttpEmbedder
 from memory.indexer import Indexer
+from memory.model import Hit, Memory
+from memory.recall import Candidate, Recaller, fuse
 from memory.stores import make_store
 from memory.vectors import VectorRow, content_digest, pack
 from proxy.app import METRICS, PIPELINE
@@ -64,7 +67,6 @@ SECTION = "## Hybrid recall"
 BEGIN = "<!-- recall-hybrid:begin (appended by bench/recall_hybrid.py) -->"
 END = "<!-- recall-hybrid:end -->"
 EMBED_SERVER = Path(__file__).resolve().parents[2] / "shared" / "tools" / "embed_server.py"
-SESSIONS = 6
 FACTS = 4  # paraphrased facts stated per session (and one lexical)
 
 
@@ -74,16 +76,19 @@ class Ask:
     kind: str  # paraphrase | lexical
 
 
-def sessions(seed: int) -> list[tuple[lexical.Session, dict[int, Ask]]]:
-    """SESSIONS sessions; each states FACTS paraphrase facts and one lexical fact, then asks
-    its first two, the previous session's last two, and its lexical one."""
+def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
+             absent: Sequence[str] = ()) -> list[tuple[lexical.Session, dict[int, Ask]]]:
+    """len(cases) // FACTS sessions; each states FACTS paraphrase facts and one lexical fact,
+    then asks its first two, the previous session's last two, its lexical one, and its share
+    of the ``absent`` questions (whose answer no session states)."""
     rng = random.Random(seed)
-    cases = list(PARAPHRASES)
+    cases = list(cases)
     rng.shuffle(cases)
     lexical_facts = lexical._facts(rng)
+    count = len(cases) // FACTS
     out = []
     previous: list[lexical.Fact] = []
-    for n in range(SESSIONS):
+    for n in range(count):
         own = [lexical.Fact(c.statement, c.question, c.marker)
                for c in cases[n * FACTS:(n + 1) * FACTS]]
         easy = lexical_facts[n % len(lexical_facts)]
@@ -100,11 +105,57 @@ def sessions(seed: int) -> list[tuple[lexical.Session, dict[int, Ask]]]:
             prompts.append(fact.question)
         asks[len(prompts)] = Ask(easy, "lexical")
         prompts.append(easy.question)
+        for question in absent[n::count]:
+            asks[len(prompts)] = Ask(lexical.Fact("", question, ""), "absent")
+            prompts.append(question)
         session = lexical.Session(f"hybrid-{seed}-{n}", prompts,
                                   {t: a.fact for t, a in asks.items()}, {})
         out.append((session, asks))
         previous = own
     return out
+
+
+@dataclass
+class Seen:
+    """What recall saw and chose for one question (bench.recall_hybrid's probe)."""
+
+    query: str
+    hits: dict[str, tuple[str, float | None, float]]  # id -> text, best similarity, match
+    fused: dict[str, float]  # id -> fused relevance, after the gate (hybrid)
+    picked: list[str]  # the texts recalled
+
+
+class Probe:
+    """Wraps a Recaller's pure selection to record, per question, every memory the searches
+    found (with its similarity and the share of the question's words it holds), the fused
+    relevance after the gate, and what was recalled. Measuring only: the same calls go
+    through, with the same results."""
+
+    def __init__(self, recaller: Recaller) -> None:
+        self.seen: list[Seen] = []
+        self._recaller = recaller
+        self._pick = recaller._pick
+        recaller._pick = self.pick  # type: ignore[method-assign]
+
+    def pick(self, candidates: Sequence[Candidate], query: str, **kwargs: Any) -> list[Memory]:
+        picked = self._pick(candidates, query, **kwargs)
+        recaller = self._recaller
+        hits: dict[str, tuple[str, float | None, float]] = {}
+        rankings = kwargs.get("rankings") or ()
+        for hit in [h for r in rankings for h in r] + [
+                Hit(c.memory, c.relevance, c.similarity) for c in candidates]:
+            memory = hit.memory
+            best = hits.get(memory.memory_id, (memory.text, None, 0.0))[1]
+            if hit.similarity is not None and (best is None or hit.similarity > best):
+                best = hit.similarity
+            hits[memory.memory_id] = (memory.text, best, recaller.view(memory, query)[1])
+        min_score = kwargs.get("min_score", 0.0)
+        gated = [[h for h in r
+                  if (h.similarity >= recaller.min_similarity if h.similarity is not None
+                      else hits[h.memory.memory_id][2] >= min_score)] for r in rankings]
+        fused = {c.memory.memory_id: c.relevance for c in fuse(gated)}
+        self.seen.append(Seen(query, hits, fused, [m.text for m in picked]))
+        return picked
 
 
 @dataclass
@@ -115,9 +166,13 @@ class Result:
     tokens: list[int] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
     modes: Counter[str] = field(default_factory=Counter)
+    noise: int = 0  # absent asks that got a recall block
+    # (kind, marker, what recall saw) of each scored paraphrase or absent ask
+    seen: list[tuple[str, str, Seen]] = field(default_factory=list)
 
 
-async def recall_run(values: dict[str, Any], seed: int) -> Result:
+async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphrase],
+                     absent: Sequence[str]) -> Result:
     """The sessions through the proxy with these settings; every ask scored."""
     result = Result()
     recorder = lexical.Recorder()
@@ -130,8 +185,9 @@ async def recall_run(values: dict[str, Any], seed: int) -> Result:
         at = next(i for i, s in enumerate(steps) if "memory" in s.name)
         timed = lexical.Timed(steps[at], steps[at].name)
         steps[at] = timed  # type: ignore[index]
+        probe = Probe(app[MEMORY].step._recaller)
         async with aiohttp.ClientSession() as client:
-            for n, (session, asks) in enumerate(sessions(seed)):
+            for n, (session, asks) in enumerate(sessions(seed, cases, absent)):
                 for turn, body, headers in lexical.session_requests(session, seed + n):
                     async with client.post(proxy_url + "/v1/responses",
                                            data=orjson.dumps(body), headers=headers) as resp:
@@ -139,7 +195,14 @@ async def recall_run(values: dict[str, Any], seed: int) -> Result:
                         if resp.status != 200:
                             raise RuntimeError(f"proxy answered {resp.status}")
                     ask = asks.get(turn)
-                    if ask is not None:
+                    seen = next((x for x in reversed(probe.seen)
+                                 if ask is not None and x.query == ask.fact.question), None)
+                    if ask is not None and ask.kind == "absent":
+                        result.asks["absent"] += 1
+                        result.noise += bool(seen and seen.picked)
+                        if seen is not None:
+                            result.seen.append(("absent", "", seen))
+                    elif ask is not None:
                         scored = lexical.E2E()
                         lexical._score(scored, ask.fact, recorder.bodies[-1], timed.added[-1])
                         result.in_window += scored.still_in_window
@@ -147,6 +210,8 @@ async def recall_run(values: dict[str, Any], seed: int) -> Result:
                             result.asks[ask.kind] += 1
                             result.recalled[ask.kind] += scored.recalled
                             result.tokens += scored.memory_tokens
+                            if seen is not None and ask.kind == "paraphrase":
+                                result.seen.append(("fact", ask.fact.value, seen))
                 # Between sessions the writes settle, as hours between them would let them.
                 runtime = app[MEMORY]
                 await runtime.queue.join()
@@ -282,31 +347,157 @@ def _share(result: Result, kind: str) -> str:
     return f"{result.recalled[kind] / asks:.0%} ({result.recalled[kind]}/{asks})" if asks else "-"
 
 
-def report(args: argparse.Namespace, runs: dict[tuple[str, str], Result],
-           ingest: tuple[float, float], speed: dict[str, dict[str, float]]) -> str:
+GATES = [round(0.10 + 0.05 * n, 2) for n in range(9)]  # similarity gates swept: 0.10-0.50
+
+
+@dataclass
+class Gate:
+    """One set's hybrid run, as the relevance gate sees it."""
+
+    facts: list[tuple[float | None, float]]  # per fact ask: the fact's best similarity, match
+    wrong: list[float]  # similarities of the other memories the fact asks found
+    absent: list[tuple[float | None, float]]  # per absent ask: best similarity, best match
+    fused_fact: list[float]  # the fact's fused relevance, where it passed the gate
+    fused_wrong: list[float]  # the others' that passed
+    fused_absent: list[float]  # an absent ask's best fused relevance, where any passed
+
+    @classmethod
+    def of(cls, result: Result) -> Gate:
+        gate = cls([], [], [], [], [], [])
+        for kind, marker, seen in result.seen:
+            sims = [(i, sim, match) for i, (text, sim, match) in seen.hits.items()
+                    if kind == "absent" or marker not in text]
+            if kind == "absent":
+                gate.absent.append((max((s for _, s, _ in sims if s is not None), default=None),
+                                    max((m for _, _, m in sims), default=0.0)))
+                if seen.fused:
+                    gate.fused_absent.append(max(seen.fused.values()))
+                continue
+            right = [(i, sim, match) for i, (text, sim, match) in seen.hits.items()
+                     if marker in text]
+            gate.facts.append((max((s for _, s, _ in right if s is not None), default=None),
+                               max((m for _, _, m in right), default=0.0)))
+            gate.wrong += [s for _, s, _ in sims if s is not None]
+            gate.fused_fact += [seen.fused[i] for i, _, _ in right if i in seen.fused]
+            gate.fused_wrong += [seen.fused[i] for i, _, _ in sims if i in seen.fused]
+        return gate
+
+    def passing(self, t: float, min_score: float) -> tuple[int, int]:
+        """(fact asks whose fact passes, absent asks with a memory passing) at gate ``t``."""
+        def passes(sim: float | None, match: float) -> bool:
+            return (sim is not None and sim >= t) or match >= min_score
+        return (sum(passes(*f) for f in self.facts), sum(passes(*a) for a in self.absent))
+
+
+def _q(values: Sequence[float], p: int) -> str:
+    return f"{np.percentile(values, p):.2f}" if values else "-"
+
+
+def gate_report(runs: dict[tuple[str, str, str], Result], min_score: float,
+                default: float) -> list[str]:
+    """How well a similarity gate separates the facts from the absent asks, per set."""
+    gates = {name: Gate.of(r) for (name, store, mode), r in runs.items()
+             if mode == "hybrid" and store == next(iter(k[1] for k in runs))}
+    if not gates:
+        return []
+    lines = ["", "The relevance gate, measured on the first store's hybrid runs: for each "
+             "paraphrase ask, the fact's best similarity among the 20 nearest memories and "
+             "the share of the question's words it holds; for each absent ask, the nearest "
+             "memory's. A memory passes at gate t when its similarity is at least t or it "
+             f"holds RECALL_MIN_SCORE ({min_score}) of the question's words.", "",
+             "| set | fact's similarity p10 / p50 / p90 (not among the 20 nearest) "
+             "| other memories' p50 / p90 / max | absent ask's nearest p50 / p90 / max |",
+             "|---|---|---|---|"]
+    for name, g in gates.items():
+        found = [s for s, _ in g.facts if s is not None]
+        near = [s for s, _ in g.absent if s is not None]
+        lines.append(f"| {name} | {_q(found, 10)} / {_q(found, 50)} / {_q(found, 90)} "
+                     f"({len(g.facts) - len(found)}) | {_q(g.wrong, 50)} / {_q(g.wrong, 90)} / "
+                     f"{_q(g.wrong, 100)} | {_q(near, 50)} / {_q(near, 90)} / {_q(near, 100)} |")
+    lines += ["", "| similarity gate t | " + " | ".join(
+        f"{name}: facts passing / absent asks let through" for name in gates) + " |",
+        "|---:|" + "---:|" * len(gates)]
+    for t in GATES:
+        cells = []
+        for g in gates.values():
+            facts, noise = g.passing(t, min_score)
+            cells.append(f"{facts}/{len(g.facts)} / {noise}/{len(g.absent)}")
+        mark = " (default)" if abs(t - default) < 1e-9 else ""
+        lines.append(f"| {t:.2f}{mark} | " + " | ".join(cells) + " |")
+    lines += ["", "Fused relevance (reciprocal rank fusion after the gate, scaled so that "
+              "each turn's best is 1): "
+              + "; ".join(
+                  f"{name}: the fact's p50 {_q(g.fused_fact, 50)}, the others' p50 "
+                  f"{_q(g.fused_wrong, 50)}, an absent ask's best p50 {_q(g.fused_absent, 50)}"
+                  for name, g in gates.items())
+              + ". The fused score ranks within a turn and says nothing across turns (every "
+              "turn with any candidate has one at 1): it is no gate, so the gate stays on each "
+              "search's own evidence, before the fusion."]
+    return lines
+
+
+def sweep_report(swept: dict[float, Result], store: str) -> list[str]:
+    """The derive set end to end at each similarity gate: what the default was chosen by."""
+    if not swept:
+        return []
+    default = load_settings(env={}).embeddings_min_similarity
+    lines = ["", f"The derive set end to end ({store}, hybrid) at each "
+             "EMBEDDINGS_MIN_SIMILARITY:", "",
+             "| gate | paraphrase asks recalled | lexical asks recalled "
+             "| absent asks given a recall block | memory tokens / ask |",
+             "|---:|---:|---:|---:|---:|"]
+    for t, r in sorted(swept.items()):
+        tokens = f"{np.mean(r.tokens):.0f}" if r.tokens else "0"
+        lines.append(f"| {t:.2f}{' (default)' if abs(t - default) < 1e-9 else ''} | "
+                     f"{_share(r, 'paraphrase')} | {_share(r, 'lexical')} "
+                     f"| {r.noise}/{r.asks['absent']} | {tokens} |")
+    lines += ["", "The default is chosen on the derive set only (the held-out rows above "
+              "are at the default as it stands): the most facts recalled among the gates that "
+              "keep every bench.economics session at or under direct (see the note below "
+              "this block)."]
+    return lines
+
+
+def report(args: argparse.Namespace, runs: dict[tuple[str, str, str], Result],
+           ingest: tuple[float, float] | None, speed: dict[str, dict[str, float]],
+           swept: dict[float, Result] | None = None) -> str:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    defaults = load_settings(env={})
+    sizes = ", ".join(f"{name} {len(SETS[name][0])} facts and {len(SETS[name][1])} absent "
+                      f"questions in {len(SETS[name][0]) // FACTS} sessions"
+                      for name in args.sets)
     lines = [
         f"### Run of {stamp}", "",
         f"`python -m bench.recall_hybrid {' '.join(args.argv)}`".replace(" `", "`"),
         f"on {platform.python_implementation()} {platform.python_version()}, "
         f"{os.cpu_count()} CPUs (shared); model {args.model} through "
         f"{'the bundled embed_server.py' if args.bundled else args.embeddings_url}; "
-        f"{SESSIONS} sessions of one scope, {len(PARAPHRASES)} paraphrased facts "
-        "(bench/paraphrases.py); embeddings timeout "
-        f"{args.timeout_ms} ms, batch {args.batch}, memory budget {args.memory_ms} ms (the "
-        "CPU model answers one request at a time), other settings default "
-        "(EMBEDDINGS_MIN_SIMILARITY 0.2, RECALL_MIN_SCORE 0.25, RECALL_K 5, MEMORY_TOKENS "
-        "1200).", "",
-        "| store | recall | paraphrase asks recalled | lexical asks recalled "
-        "| memory tokens / ask | memory step p50 / p95 ms | turns by recall mode |",
-        "|---|---|---:|---:|---:|---:|---|",
+        f"sets (bench/paraphrases.py): {sizes}, each set's sessions in one scope; "
+        f"embeddings timeout {args.timeout_ms} ms, batch {args.batch}, memory budget "
+        f"{args.memory_ms} ms (the CPU model answers one request at a time), other settings "
+        f"default (EMBEDDINGS_MIN_SIMILARITY {defaults.embeddings_min_similarity}, "
+        f"RECALL_MIN_SCORE {defaults.recall_min_score}, RECALL_K {defaults.recall_k}, "
+        f"MEMORY_TOKENS {defaults.memory_tokens}).", "",
+        "| set | store | recall | paraphrase asks recalled | lexical asks recalled "
+        "| absent asks given a recall block | memory tokens / ask | memory step p50 / p95 ms "
+        "| turns by recall mode |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
-    for (store, mode), r in runs.items():
+    for (name, store, mode), r in runs.items():
         tokens = f"{np.mean(r.tokens):.0f}" if r.tokens else "0"
         step = f"{lexical._pct(r.step_ms, 50):.1f} / {lexical._pct(r.step_ms, 95):.1f}"
         modes = ", ".join(f"{k} {v}" for k, v in sorted(r.modes.items()))
-        lines.append(f"| {store} | {mode} | {_share(r, 'paraphrase')} | {_share(r, 'lexical')} "
-                     f"| {tokens} | {step} | {modes} |")
+        lines.append(f"| {name} | {store} | {mode} | {_share(r, 'paraphrase')} "
+                     f"| {_share(r, 'lexical')} | {r.noise}/{r.asks['absent']} | {tokens} "
+                     f"| {step} | {modes} |")
+    lines += gate_report(runs, defaults.recall_min_score, defaults.embeddings_min_similarity)
+    lines += sweep_report(swept or {}, args.stores[0])
+    if ingest is None:
+        lines.append("")
+        return "\n".join([*lines, "Recall as bench.recall scores it: an ask counts when the "
+                           "fact's marker reached the upstream while the statement itself had "
+                           "been cut from the window. Ingest rate and search speed were not "
+                           "measured in this run."])
     lines += ["", f"Ingest with embeddings (SQLite, {args.model}): {ingest[0]:.1f} episodes/s, "
               f"{ingest[1]:.1f} texts (chunks)/s.", ""]
     lines += [f"Search at {args.size:,} memories, every in-scope one with a {args.dim}-dim "
@@ -345,6 +536,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-ms", type=int, default=12000,
                         help="CTXPROXY_MEMORY_TIMEOUT_MS")
     parser.add_argument("--batch", type=int, default=8, help="CTXPROXY_EMBEDDINGS_BATCH")
+    parser.add_argument("--sets", default=",".join(SETS),
+                        help="paraphrase sets (bench/paraphrases.py): derive, held-out")
+    parser.add_argument("--sweep", default="",
+                        help="EMBEDDINGS_MIN_SIMILARITY values to run the derive set at "
+                        "(first store, hybrid), end to end, e.g. 0.2,0.25,0.3,0.35")
+    parser.add_argument("--recall-only", action="store_true",
+                        help="no ingest rate, no search speed at --size")
     parser.add_argument("--speed-only", action="store_true",
                         help="only the search speed at --size (no model needed)")
     parser.add_argument("--quick", action="store_true", help="SQLite, 10k memories")
@@ -354,14 +552,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.stores, args.size, args.queries = "sqlite", 10_000, 40
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    args.sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    args.sweep = [float(s) for s in args.sweep.split(",") if s.strip()]
+    unknown = set(args.sets) - set(SETS)
+    if unknown:
+        parser.error(f"unknown sets: {', '.join(sorted(unknown))}")
     return args
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    for case in PARAPHRASES:
-        if shared_words(case):
-            raise SystemExit(f"a paraphrase shares words with its fact: {case.question}")
+    for cases, _ in SETS.values():
+        for case in cases:
+            if shared_words(case):
+                raise SystemExit(f"a paraphrase shares words with its fact: {case.question}")
     server = None
     args.bundled = not args.embeddings_url
     if args.speed_only:
@@ -375,32 +579,47 @@ async def main(argv: Sequence[str] | None = None) -> int:
             port = int(sock.getsockname()[1])
         server = start_server(port)
         args.embeddings_url = f"http://127.0.0.1:{port}/v1"
-    runs: dict[tuple[str, str], Result] = {}
+    runs: dict[tuple[str, str, str], Result] = {}
     speed: dict[str, dict[str, float]] = {}
+    ingest = None
+    swept: dict[float, Result] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="ctxproxy-hybrid-") as tmp:
-            for name in args.stores:
-                for mode in ("lexical", "hybrid"):
-                    async with lexical.backend(name, args.pg_url,
-                                               Path(tmp) / f"{name}-{mode}") as values:
-                        values = {**values, "keep_turns": 5,
-                                  "memory_timeout_ms": args.memory_ms}
-                        if mode == "hybrid":
-                            values.update(embeddings_url=args.embeddings_url,
-                                          embeddings_model=args.model,
-                                          embeddings_timeout_ms=args.timeout_ms,
-                                          embeddings_batch=args.batch)
-                        print(f"[{name}] {mode} recall ...", flush=True)
-                        runs[(name, mode)] = await recall_run(values, seed=3)
-            print("ingest rate ...", flush=True)
-            ingest = await ingest_rate(args.embeddings_url, args.model, Path(tmp))
-            for name in args.stores:
-                speed[name] = await search_speed(name, args, Path(tmp), args.dim)
+            for (set_name, name, mode) in itertools.product(args.sets, args.stores,
+                                                            ("lexical", "hybrid")):
+                cases, absent = SETS[set_name]
+                async with lexical.backend(
+                        name, args.pg_url, Path(tmp) / f"{set_name}-{name}-{mode}") as values:
+                    values = {**values, "keep_turns": 5,
+                              "memory_timeout_ms": args.memory_ms}
+                    if mode == "hybrid":
+                        values.update(embeddings_url=args.embeddings_url,
+                                      embeddings_model=args.model,
+                                      embeddings_timeout_ms=args.timeout_ms,
+                                      embeddings_batch=args.batch)
+                    print(f"[{set_name}, {name}] {mode} recall ...", flush=True)
+                    runs[(set_name, name, mode)] = await recall_run(values, 3, cases, absent)
+            for gate in args.sweep:
+                name = args.stores[0]
+                async with lexical.backend(name, args.pg_url,
+                                           Path(tmp) / f"sweep-{gate}") as values:
+                    values.update(keep_turns=5, memory_timeout_ms=args.memory_ms,
+                                  embeddings_url=args.embeddings_url, embeddings_model=args.model,
+                                  embeddings_timeout_ms=args.timeout_ms,
+                                  embeddings_batch=args.batch,
+                                  embeddings_min_similarity=gate)
+                    print(f"[derive, {name}] hybrid recall, gate {gate} ...", flush=True)
+                    swept[gate] = await recall_run(values, 3, *SETS["derive"])
+            if not args.recall_only:
+                print("ingest rate ...", flush=True)
+                ingest = await ingest_rate(args.embeddings_url, args.model, Path(tmp))
+                for name in args.stores:
+                    speed[name] = await search_speed(name, args, Path(tmp), args.dim)
     finally:
         if server is not None:
             server.terminate()
             server.wait(10)
-    text = report(args, runs, ingest, speed)
+    text = report(args, runs, ingest, speed, swept)
     print(text)
     if not args.no_write:
         write_block(SECTION, BEGIN, END, text)

@@ -29,8 +29,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-import numpy as np
-
 from config import Settings
 from memory.cpu import Offload
 from memory.embed import Embedder, EmbedError
@@ -92,15 +90,21 @@ def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
     of 1 / (k + rank) over the rankings it is in, scaled so the best has 1. Ranks, not
     scores: BM25 and cosine similarity are on scales that do not compare."""
     scores: dict[str, float] = {}
-    first: dict[str, Hit] = {}  # the hit of the vector ranking when a memory is in both
+    first: dict[str, Hit] = {}  # the hit of the nearest chunk when vectors found it
     for hits in rankings:
         for rank, hit in enumerate(hits):
             memory_id = hit.memory.memory_id
             scores[memory_id] = scores.get(memory_id, 0.0) + 1.0 / (k + rank + 1)
-            if memory_id not in first or hit.similarity is not None:
+            held = first.get(memory_id)
+            if held is None or _nearer(hit, held):
                 first[memory_id] = hit
     top = max(scores.values(), default=1.0)
     return [Candidate(h.memory, scores[i] / top, h.similarity, h.span) for i, h in first.items()]
+
+
+def _nearer(hit: Hit, than: Hit) -> bool:
+    return hit.similarity is not None and (than.similarity is None
+                                           or hit.similarity > than.similarity)
 
 
 def decay(memory: Memory, now: float) -> float:
@@ -305,7 +309,7 @@ class Recaller:
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
                              now=now),
-            self._nearest(scope, query, now),
+            self._nearest(scope, asked or [query], now),
         )
         hits = [h for part in found for h in part]
         ids = await self._offload(mentioned_ids, query)
@@ -315,11 +319,12 @@ class Recaller:
             # get() looks across every scope: never let another scope's memory through.
             if memory is not None and memory.scope == scope and _alive(memory, now):
                 candidates.append(Candidate(memory, MENTIONED))
+        rankings: list[list[Hit]] = []
         if mode == "hybrid":
             # Each search is a ranking of its own: the whole prompt's, each question's, and
-            # the vector search's.
-            candidates += fuse([[h for h in ranking if _outside(h.memory, window)]
-                                for ranking in [*found, near]])
+            # each question's vector search; fused in _pick, after the gate.
+            rankings = [[h for h in ranking if _outside(h.memory, window)]
+                        for ranking in [*found, *near]]
         else:
             top = max((h.relevance for h in hits), default=0.0)
             for hit in hits:
@@ -331,28 +336,32 @@ class Recaller:
         # Snippets and token counts scan the memories' text: in a worker, not on the loop.
         picked = await self._offload(
             self._pick, candidates, query, session=session, exclude=exclude,
-            shown=shown or {}, min_score=min_score, budget=budget, now=now,
+            shown=shown or {}, min_score=min_score, budget=budget, now=now, rankings=rankings,
         )
         return picked, mode
 
-    async def _nearest(self, scope: Scope, query: str, now: float) -> tuple[list[Hit], Mode]:
-        """The memories nearest the question's meaning; none, and why, when that fails."""
-        if self._embedder is None or not query.strip():
+    async def _nearest(
+        self, scope: Scope, asked: Sequence[str], now: float
+    ) -> tuple[list[list[Hit]], Mode]:
+        """For each question, the memories nearest its meaning; none, and why, when that
+        fails. A long prompt is asked as its questions, each embedded on its own (in one
+        call): one vector of two questions is near neither's answer, and of a whole prompt
+        mostly its task (a model reads only its first few hundred tokens anyway)."""
+        asked = [q for q in asked if q.strip()]
+        if self._embedder is None or not asked:
             return [], "lexical"
-        # A long prompt is about its questions: embedded as those (a model reads only its
-        # first few hundred tokens anyway).
-        asked = " ".join(questions(query)) or query
+        model = self._embedder.model
         try:
-            vectors = await self._embedder.embed([asked], timeout_s=self._query_timeout_s)
-            vector: np.ndarray = vectors[0]
-            near = await self._store.vector_search(
-                scope, vector, self._embedder.model, types=VECTOR_TYPES, limit=SEARCH_LIMIT,
-                now=now,
-            )
+            vectors = await self._embedder.embed(asked, timeout_s=self._query_timeout_s)
+            near = await asyncio.gather(*(
+                self._store.vector_search(scope, vector, model, types=VECTOR_TYPES,
+                                          limit=SEARCH_LIMIT, now=now)
+                for vector in vectors
+            ))
         except (EmbedError, StoreError) as exc:
             self._on_degraded(exc)
             return [], "lexical-degraded"
-        return near, "hybrid"
+        return list(near), "hybrid"
 
     def _pick(
         self,
@@ -365,9 +374,27 @@ class Recaller:
         min_score: float,
         budget: int,
         now: float,
+        rankings: Sequence[Sequence[Hit]] = (),
     ) -> list[Memory]:
-        """The recall among ``candidates``, each as its snippet for ``query`` (pure)."""
+        """The recall among ``candidates`` and the fused ``rankings``, each as its snippet
+        for ``query`` (pure)."""
         views: dict[str, tuple[Memory, float]] = {}
+
+        def seen(memory: Memory) -> tuple[Memory, float]:
+            if memory.memory_id not in views:
+                views[memory.memory_id] = self.view(memory, query)
+            return views[memory.memory_id]
+
+        if rankings:
+            # The gate before the fusion: a ranking keeps what its own evidence vouches for
+            # (a line holding min_score of the question's words; a chunk at min_similarity),
+            # so that a weak match (a stem, one common word) ranked first by one search does
+            # not outrank, with the votes of two, a memory that only meaning found.
+            candidates = [*candidates, *fuse([
+                [h for h in ranking
+                 if (h.similarity >= self.min_similarity if h.similarity is not None
+                     else seen(h.memory)[1] >= min_score)]
+                for ranking in rankings])]
 
         def shown_as(c: Candidate) -> Candidate | None:
             memory = c.memory
@@ -375,9 +402,7 @@ class Recaller:
                 return None
             if memory.type == "working" and memory.session_id != session:
                 return None  # working memory belongs to its session
-            if memory.memory_id not in views:
-                views[memory.memory_id] = self.view(memory, query)
-            view, match = views[memory.memory_id]
+            view, match = seen(memory)
             near = c.similarity is not None and c.similarity >= self.min_similarity
             if c.relevance < MENTIONED and match < min_score and not near:
                 return None
@@ -399,6 +424,9 @@ class Recaller:
         text = memory.text
         head = text.split("\n", 1)[0]
         start, end = span
+        # A chunk may be one sentence of a line (memory.vectors.chunks): shown as its line.
+        found = text.find("\n", end - 1) if end > 0 else 0
+        end = len(text) if found < 0 else max(end, found)
         if start <= len(head):
             part = text[:end]
         else:

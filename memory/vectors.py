@@ -12,6 +12,7 @@ rows written since the last read; no ANN index to tune, and it stays within tens
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,9 +24,8 @@ from memory.model import Scope
 from memory.turns import INDENT, TURN_CHARS
 
 __all__ = [
-    "CHUNK_CHARS", "MAX_CHUNKS", "REREAD", "Match", "VectorIndex", "VectorRow", "chunks",
-    "content_digest",
-    "pack", "unpack",
+    "CHUNK_CHARS", "MAX_CHUNKS", "MAX_SENTENCES", "REREAD", "Match", "VectorIndex", "VectorRow",
+    "chunks", "content_digest", "pack", "unpack",
 ]
 
 # About 130 tokens: shown whole with its turn's prompt within a snippet's budget
@@ -34,6 +34,20 @@ CHUNK_CHARS = 480
 # An episode is rendered to at most TURN_CHARS: all of it can be found by meaning (a whole
 # 64k-character turn costs 133 short embeddings, about 17k tokens).
 MAX_CHUNKS = TURN_CHARS // CHUNK_CHARS
+# A prompt of several sentences also gets a vector per sentence, the first few: "let's ship
+# every second Tuesday" said beside the task of the turn is a fact of its own, and one vector
+# of both is mostly the task (all-MiniLM-L6-v2: a question's similarity to its fact fell from
+# 0.36 to 0.27 on average with a task sentence beside it and the label; bench/paraphrases.py).
+MAX_SENTENCES = 8
+SENTENCE_MIN_CHARS = 12  # "Thanks." is no fact: left inside the prompt's vector
+# A statement ends at '.', '!', '?' or ';' (a semicolon joins two statements) before white
+# space (a path's or a version's dots do not end one), or at a line break. Linear: one
+# character class, no backtracking.
+_SENTENCE_END = re.compile(r"[.!?;](?=\s)|\n")
+# The label memory.turns.render puts before the prompt: our word, not the user's (with it,
+# "Which tool collects crash reports?" is 0.21 from "User: Our error tracker is Sentry", 0.23
+# from the sentence alone).
+USER_LABEL = "User: "
 SCOPES_CACHED = 32
 # PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
 # already read. Its refresh looks this many seqs back again (by seq alone, then reads the rows
@@ -88,14 +102,16 @@ def _first_entry(text: str, size: int) -> int:
 
 def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
     """(start, end) character spans of ``text``: its first entry (a turn's prompt: what the
-    turn is about, not diluted by its outputs) when more follows, then whole lines up to
-    ``size`` characters each (a longer line is cut), at most MAX_CHUNKS."""
+    turn is about, not diluted by its outputs) when more follows, each sentence of that entry
+    when it has several, then whole lines up to ``size`` characters each (a longer line is
+    cut), at most MAX_CHUNKS."""
     if not text.strip():
         return []
     spans: list[tuple[int, int]] = []
     start = at = _first_entry(text, size)
     if start:
         spans.append((0, start))
+    spans += _sentences(text, start or min(len(text), size))
     while at < len(text) and len(spans) < MAX_CHUNKS:
         end = text.find("\n", at)
         end = len(text) if end < 0 else end + 1
@@ -111,6 +127,21 @@ def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
     if start < len(text) and len(spans) < MAX_CHUNKS:
         spans.append((start, len(text)))
     return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+def _sentences(text: str, end: int) -> list[tuple[int, int]]:
+    """The spans of the statements in ``text[:end]`` without its USER_LABEL (at most
+    MAX_SENTENCES, none shorter than SENTENCE_MIN_CHARS), when it has more than one; the
+    prompt's own span covers one."""
+    spans: list[tuple[int, int]] = []
+    start = len(USER_LABEL) if text.startswith(USER_LABEL) else 0
+    for found in _SENTENCE_END.finditer(text, start, end):
+        spans.append((start, found.end()))
+        start = found.end()
+    spans.append((start, end))
+    spans = [(a + len(text[a:b]) - len(text[a:b].lstrip()), b) for a, b in spans]
+    spans = [(a, b) for a, b in spans if len(text[a:b].strip()) >= SENTENCE_MIN_CHARS]
+    return spans[:MAX_SENTENCES] if len(spans) > 1 else []
 
 
 class _Scoped:

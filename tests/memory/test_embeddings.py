@@ -167,6 +167,21 @@ def test_a_line_longer_than_a_chunk_is_cut() -> None:
     assert spans[-1][1] == len(text)
 
 
+def test_each_statement_of_a_prompt_is_a_chunk_of_its_own_without_the_label() -> None:
+    text = ("User: Let's ship every second Tuesday; Carol reviews. Now fix the flaky test in "
+            "workers/settle.py. Thanks.\nTool call exec_command: {}\nTool output exec_command: ok")
+    shown = [text[a:b] for a, b in chunks(text)]
+    assert shown[0] == text[: text.index("\n") + 1]  # the whole prompt first
+    assert shown[1:4] == ["Let's ship every second Tuesday;", "Carol reviews.",
+                          "Now fix the flaky test in workers/settle.py."]  # not "Thanks."
+    assert shown[4].startswith("Tool call")
+
+
+def test_a_prompt_of_one_statement_gets_no_second_vector() -> None:
+    text = "User: What did we decide about the release train?\nAssistant: every second Tuesday"
+    assert len(chunks(text)) == 2
+
+
 # --- the indexer -------------------------------------------------------------------------------
 
 

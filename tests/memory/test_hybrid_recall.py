@@ -111,3 +111,59 @@ async def test_a_failing_endpoint_leaves_recall_lexical_and_the_request_unharmed
     assert 'ctxproxy_memory_recall_mode_total{mode="lexical-degraded"} 1.0' in text
     assert any(r.name == "ctxproxy.memory" and "embeddings failed" in r.getMessage()
                for r in caplog.records)
+
+
+# Twenty-odd words none of which the fake embedder maps to the release concepts: beside the
+# fact in one vector they outweigh it (similarity about 0.15, under the 0.2 gate).
+TASK = ("Refactor the settle worker so that retries stay idempotent, batch postings per "
+        "tenant, log durations, drop dead helpers, rename confusing variables, split huge "
+        "modules, pin flaky fixtures and document exported functions thoroughly.")
+
+
+async def test_a_fact_said_beside_a_long_task_is_recalled_as_its_own_sentence(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    proxy = await embeddings_proxy(start_proxy, upstream, **backend.settings)
+    s = Session(proxy, upstream)
+    await fill(s, proxy, f"{TASK} Let's ship every second Tuesday.")
+
+    sent = await s.say(PARAPHRASE)
+
+    assert "ship every second Tuesday" in recalled(sent)
+
+
+async def test_each_question_of_a_long_prompt_is_searched_by_its_own_meaning(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    proxy = await embeddings_proxy(start_proxy, upstream)
+    s = Session(proxy, upstream)
+    await fill(s, proxy, FACT)
+    # Two questions: one vector of both would be mostly the second one's many words.
+    prompt = (f"{TASK}\nWhat did we agree on for the release train? Which of the settle "
+              "worker's retry paths, ledger postings, tenant batches, export pages and balance "
+              "caches still log durations twice when idempotent replays hit stale fixtures?")
+
+    sent = await s.say(prompt)
+
+    assert "ship every second Tuesday" in recalled(sent)
+    asked = [text for r in upstream.embedding_requests for text in r.json["input"]]
+    assert "What did we agree on for the release train?" in asked
+
+
+async def test_a_stem_match_does_not_outrank_what_meaning_found(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    # RECALL_K 1: the one memory recalled is the fused ranking's first. The earlier turns
+    # hold a word of the question only as a stem ("releasing"), and are near it in meaning
+    # by a synonym ("shipping"): found by both searches, they outranked a fact found by meaning
+    # alone while the full-text ranking entered the fusion ungated.
+    proxy = await embeddings_proxy(start_proxy, upstream, recall_k=1)
+    s = Session(proxy, upstream)
+    await s.say(FACT)
+    for n in range(3):
+        await s.say(f"Releasing step {n}: shipping notes about lunch menus and parking.")
+    await fill(s, proxy, "turn: nothing of note", turns=8)
+
+    sent = await s.say(PARAPHRASE)
+
+    assert "ship every second Tuesday" in recalled(sent)

@@ -230,3 +230,16 @@ def test_asking_for_views_lazily_chooses_what_viewing_every_candidate_would(
         return chosen
 
     assert pick(candidates, view=view) == every_viewed()
+
+
+def test_fusion_of_several_vector_rankings_keeps_the_nearest_chunk() -> None:
+    # A long prompt's questions are searched one by one: the chunk shown is the one nearest
+    # any of them, whichever ranking came first.
+    fact = Memory(type="episodic", scope=Scope("s"), key="f", text="f", memory_id="f")
+    first = [Hit(fact, 0.6, 0.6, (6, 20))]
+    second = [Hit(fact, 0.3, 0.3, (0, 5))]
+    lexical = [Hit(fact, 0.9)]
+
+    (fused,) = fuse([lexical, first, second])
+
+    assert (fused.similarity, fused.span) == (0.6, (6, 20))
