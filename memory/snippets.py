@@ -91,13 +91,24 @@ def _line_words(text: str, wanted: set[str]) -> list[frozenset[str]]:
             alone = at == 0 or not _in_word(low[at - 1])
             if alone and (after == end or not _in_word(low[after])):
                 n = bisect_right(starts, at) - 1
-                found.setdefault(n, set()).add(word)
-                at = low.find(word, starts[n + 1])  # one is enough: on to the next line
-            else:
-                at = low.find(word, at + 1)
+                if at - starts[n] >= _label_chars(low_lines[n]):
+                    found.setdefault(n, set()).add(word)
+                    at = low.find(word, starts[n + 1])  # one is enough: on to the next line
+                    continue
+            at = low.find(word, at + 1)
     for n, words in found.items():
         out[n] = frozenset(words)
     return out
+
+
+# The labels memory.turns.render starts an entry's line with (lowered): our words, not the
+# turn's, so a question's "tool" or "user" does not match every entry by them.
+_LABELS = ("user: ", "assistant: ", "tool output tool: ", "tool call ", "tool output ")
+
+
+def _label_chars(line: str) -> int:
+    """How many characters at the start of ``line`` are an entry's label."""
+    return next((len(label) for label in _LABELS if line.startswith(label)), 0)
 
 
 MAX_QUESTIONS = 3

@@ -312,3 +312,15 @@ def test_a_matching_line_brings_the_matching_line_after_it() -> None:
     lines = cut.text.split("\n")
     at = next(n for n, line in enumerate(lines) if "diff --git" in line)
     assert lines[at + 1].strip() == "index 9f3c2a1..4be07d2 100644"
+
+
+def test_a_question_word_in_an_entry_label_is_not_a_match() -> None:
+    # "Tool call", "Tool output" and "User" are the labels render gives entries: a question
+    # about a tool matches the turn that talks about one, not every turn that called one.
+    text = ("User: list the files\n"
+            "Tool call exec_command: ls -la\n"
+            "Tool output exec_command: build.log\n"
+            "Assistant: the load tool is k6, configured in bench/k6.js")
+    cut = snippet(text, "which load tool do we use?", SNIPPET_TOKENS)
+    assert cut.match == 2 / 3 and "k6" in cut.text  # load, tool: the answer's line
+    assert snippet(text.rsplit("\n", 1)[0], "which tool?", SNIPPET_TOKENS).match == 0.0
