@@ -751,11 +751,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
     parser.add_argument("--seed", type=int, default=1, help="first session seed")
     parser.add_argument("--seeds", type=int, default=2, help="sessions per length")
-    parser.add_argument("--plot", type=Path, default=PNG, help="PNG of cumulative cost")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help=f"PNG of cumulative cost (default {PNG.name} beside this file, "
+                             "unless --no-write)")
     parser.add_argument("--limit", type=int, default=AUTO_COMPACT_TOKENS,
                         help="the client's auto-compaction limit, reported input tokens")
     parser.add_argument("--no-write", action="store_true", help="don't touch bench/RESULTS.md")
     args = parser.parse_args(argv)
+    if args.plot is None and not args.no_write:
+        args.plot = PNG  # the figure RESULTS.md shows goes with its table
     logging.basicConfig(level=logging.WARNING)
     started = time.perf_counter()
     runs = asyncio.run(main_async(args))
@@ -764,10 +768,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv))
     text = report(runs, args, seconds, command)
     print(text)
-    plot([r for r in runs if r.session.seed == args.seed], args.plot)
+    if args.plot is not None:
+        plot([r for r in runs if r.session.seed == args.seed], args.plot)
+        print(f"\nplot: {args.plot} (seed {args.seed})", file=sys.stderr)
     if not args.no_write:
         write_block(SECTION, BEGIN, END, text)
-    print(f"\nplot: {args.plot} (seed {args.seed})  {seconds:.0f} s", file=sys.stderr)
+    print(f"{seconds:.0f} s", file=sys.stderr)
 
 
 def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, command: str) -> str:
@@ -780,8 +786,9 @@ def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, comman
         f"({args.seeds} "
         f"seeds per length, cache TTL {args.ttl:.0f} s) on {os.cpu_count()} shared cores, "
         f"Python {platform.python_version()}; load average at the end {load}; run time "
-        f"{seconds:.0f} s. Plot: `bench/{args.plot.name}` (seed {args.seed}, cumulative input "
-        "cost per user turn, cached tokens at 10%).",
+        f"{seconds:.0f} s."
+        + (f" Plot: `bench/{args.plot.name}` (seed {args.seed}, cumulative input cost per "
+           "user turn, cached tokens at 10%)." if args.plot is not None else ""),
         "",
         "Sessions: the real Codex 0.169.0 request shape (`03_resume_7turns`), 0-4 "
         "`exec_command` calls a turn with 1-8 KB outputs, one request per model step; facts "
