@@ -47,22 +47,22 @@ async def start(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Start]:
     async def start_(port: int | None = None, **settings: str) -> Server:
         port = port or free_port()
         settings.setdefault("upstream_url", upstream.url + "/v1")  # type: ignore[attr-defined]
+        # A session of its own: the teardown kills the supervisor and every worker at once.
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", "serve", cwd=ROOT, env=_env(tmp_path, port, **settings),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE)
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
         srv = Server(proc, port)
         running.append((srv, asyncio.create_task(srv.pump())))
         return srv
 
     yield start_
     for srv, pump in running:
-        if srv.proc.returncode is None:
-            srv.proc.kill()
-            await srv.proc.wait()
-        for pid in _pids(srv, "worker listening"):  # a worker the test left behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Workers first (a failed test may leave some, logged or not): one still holding the
+        # supervisor's stderr would keep its wait() from returning.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+        await srv.proc.wait()
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump
@@ -139,6 +139,10 @@ async def test_a_worker_that_dies_later_is_replaced(start: Start) -> None:
 
     os.kill(first[0], signal.SIGKILL)
     await srv.logged("worker replaced")
+    # The supervisor logs the replacement as it starts it; the new worker, once it listens.
+    async with srv.changed:
+        await asyncio.wait_for(srv.changed.wait_for(
+            lambda: len(_pids(srv, "worker listening")) == 3), GUARD_S)
     now = sorted(_pids(srv, "worker listening"))
     assert len(now) == 3 and first[1] in now
     for n in range(4):
