@@ -16,14 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from memory.model import MEMORY_TYPES, Memory, Scope, Store
-from memory.turns import INDENT
+from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, USER
 
 __all__ = ["FORGOTTEN", "Forgotten", "distilled_only_from", "forget", "quotes"]
 
 FORGOTTEN = "[FORGOTTEN]"
 MIN_QUOTE = 8  # shorter lines ("ok", "done") are quoted everywhere and say nothing
 _SCAN = 10_000_000
-_HEAD = re.compile(r"^(?:User|Assistant|Tool (?:call|output) [^:\n]{1,80}): ")
+_HEAD = re.compile(rf"^(?:{USER}|{ASSISTANT}|(?:{CALL}|{OUTPUT}) [^:\n]{{1,80}}): ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from injectors import tokens
-from memory.turns import INDENT
+from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from memory.words import terms
 
 __all__ = ["GAP", "SNIPPET_TOKENS", "Snippet", "lines_of", "snippet"]
@@ -50,11 +50,11 @@ def _contexts(lines: Sequence[str]) -> list[int | None]:
     for n, line in enumerate(lines):
         if not line.startswith(INDENT):
             # Render puts each output right after its call: the call is the entry before.
-            call = head if line.startswith("Tool output ") else n
+            call = head if line.startswith(f"{OUTPUT} ") else n
             head = n
             out.append(None)
         else:
-            out.append(call if lines[call].startswith("Tool call ") else head)
+            out.append(call if lines[call].startswith(f"{CALL} ") else head)
     return out
 
 
@@ -103,7 +103,8 @@ def _line_words(text: str, wanted: set[str]) -> list[frozenset[str]]:
 
 # The labels memory.turns.render starts an entry's line with (lowered): our words, not the
 # turn's, so a question's "tool" or "user" does not match every entry by them.
-_LABELS = ("user: ", "assistant: ", "tool output tool: ", "tool call ", "tool output ")
+_LABELS = tuple(label.lower() for label in (
+    f"{USER}: ", f"{ASSISTANT}: ", f"{OUTPUT} {UNNAMED}: ", f"{CALL} ", f"{OUTPUT} "))
 
 
 def _label_chars(line: str) -> int:

@@ -27,6 +27,9 @@ TAIL_SNAP_CHARS = 4000  # how far the kept tail of a long turn may move to start
 # Continuation lines of a rendered entry start with this, so that every line that does not is
 # an entry's head ("User:", "Tool call NAME:", ...): a snippet can find a line's call.
 INDENT = "  "
+# Each entry's head: its label, for a tool's entries then the tool's name ("Tool call NAME").
+USER, ASSISTANT, CALL, OUTPUT = "User", "Assistant", "Tool call", "Tool output"
+UNNAMED = "tool"  # the name an output whose call is not in the turn goes by
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +149,7 @@ def _entry(head: str, text: str) -> str:
 def render(turn: Turn) -> tuple[str, list[str]]:
     """The turn as bounded text (prompt, answers, each tool call with its arguments followed
     by its output), and the names of the tools it called."""
-    entries = [_entry("User", _clip(turn.user.strip(), USER_CHARS))]
+    entries = [_entry(USER, _clip(turn.user.strip(), USER_CHARS))]
     tools: list[str] = []
     outputs = {
         str(item["call_id"]): output_text(item).strip()
@@ -158,19 +161,19 @@ def render(turn: Turn) -> tuple[str, list[str]]:
         if is_message(item) and item.get("role") == "assistant":
             text = message_text(item).strip()
             if text:
-                entries.append(_entry("Assistant", _clip(text, ASSISTANT_CHARS)))
+                entries.append(_entry(ASSISTANT, _clip(text, ASSISTANT_CHARS)))
         elif kind.endswith("_call") and isinstance(item.get("name"), str):
             name = str(item["name"])
             args = item.get("arguments", item.get("input", ""))
             args = args if isinstance(args, str) else orjson.dumps(args).decode()
-            entries.append(_entry(f"Tool call {name}", _clip(args.strip(), ARGS_CHARS)))
+            entries.append(_entry(f"{CALL} {name}", _clip(args.strip(), ARGS_CHARS)))
             tools.append(name)
             # The output right after its call (Codex sends parallel calls first, then their
             # outputs): a line of it and the command that printed it stay together.
             output = outputs.pop(str(item.get("call_id")), None)
             if output is not None:
-                entries.append(_entry(f"Tool output {name}", _clip(output, OUTPUT_CHARS)))
-    entries += [_entry("Tool output tool", _clip(out, OUTPUT_CHARS)) for out in outputs.values()]
+                entries.append(_entry(f"{OUTPUT} {name}", _clip(output, OUTPUT_CHARS)))
+    entries += [_entry(f"{OUTPUT} {UNNAMED}", _clip(out, OUTPUT_CHARS)) for out in outputs.values()]
     return _ends("\n".join(entries)), list(dict.fromkeys(tools))
 
 
