@@ -143,14 +143,14 @@ class Digests:
         except KeyError:
             pass
         # Made once per cut, from as much of the history as was cut: off the event loop.
-        made = await asyncio.to_thread(self._make, history, first, lo, key[:4])
+        made = await asyncio.to_thread(self._make, history, first, lo, key[:4], session)
         self._made[key] = made
         return made
 
     def _make(
-        self, history: History, first: int, lo: int, whose: tuple[object, ...]
+        self, history: History, first: int, lo: int, whose: tuple[object, ...], session: str
     ) -> Item | None:
-        keys = history.prompt_keys(str(whose[3]))
+        keys = history.prompt_keys(session)
 
         def cut_turn(n: int) -> cut_digest.CutTurn:
             key = (*whose, keys[n], history.starts[n], history.starts[n + 1])
