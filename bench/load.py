@@ -13,10 +13,12 @@ with the calls and their outputs under the same turn id; after ``--turns`` turns
 starts. So the window cuts (from turn 6 on), every finished turn is ingested, recall runs on
 every new turn and the knowledge block goes into every request.
 
-The same load first goes straight to the upstream (the baseline), then, after a short warm-up,
-through the proxy. Reported: errors (a status other than 200, a stream that is cut or not the
-upstream's bytes, a timeout; must be 0), requests per second, time to first byte and to the
-end of the stream both ways and their difference (the latency the proxy adds), the proxy's
+The same load first goes straight to the upstream (the baseline), then through the proxy: a
+warm-up (reported on its own row: every session is new to the proxy and all arrive within a
+second, as after a restart) from which the same sessions go on into the measured run.
+Reported: errors (a status other than 200, a stream that is cut or not the upstream's bytes,
+a timeout; must be 0), requests per second, time to first byte and to the end of the stream
+both ways and their difference (the latency the proxy adds), the proxy's
 peak RSS (VmHWM) and CPU, and from its /metrics what the window, memory and knowledge did.
 With ``--workers N`` (N > 1) RSS and CPU are summed over the supervisor and its workers, and
 /metrics is one worker's (each has its own registry; a scrape reaches one of them).
@@ -38,7 +40,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,10 +190,14 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
 
 
 async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
-                pace_ms: float, seed: int) -> Run:
-    """``users`` virtual users running threads back to back for ``seconds``; a request
-    started in time is finished and counted."""
-    run = Run()
+                pace_ms: float, seed: int, *, warmup: float = 0.0,
+                measuring: Callable[[], None] = lambda: None) -> tuple[Run, Run]:
+    """``users`` virtual users running threads back to back for ``warmup`` + ``seconds``; a
+    request started in time is finished and counted: in the first Run when it started in
+    the warm-up, else in the second. The same users go on from the warm-up into the
+    measurement (``measuring`` is called between the two), so what is measured is a steady
+    state, not every session arriving at once."""
+    warm, run = Run(), Run()
     expected = b"".join(answer_events())
     rng = random.Random(seed)
     context = _session.context_items(random.Random(seed))
@@ -199,25 +205,32 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=0)
     began = time.perf_counter()
-    stop_at = began + seconds
+    measure_at = began + warmup
+    stop_at = measure_at + seconds
 
     async def user(n: int) -> None:
         # Spread the users' first requests over the first second, and start each in the
-        # middle of a thread: a steady state, not 200 sessions that all begin together.
+        # middle of a thread: threads end at different times from then on.
         await asyncio.sleep(n / users)
         first_turn = rng.randrange(len(scripts[0].turns))
         while time.perf_counter() < stop_at:
             thread = Thread(rng.choice(scripts), n, context, tools, pace_ms)
             for body, headers in thread.requests(first_turn):
-                if time.perf_counter() >= stop_at:
+                now = time.perf_counter()
+                if now >= stop_at:
                     return
-                await one(client, url, body, headers, expected, run)
+                await one(client, url, body, headers, expected, run if now >= measure_at else warm)
             first_turn = 0
 
+    async def switch() -> None:
+        await asyncio.sleep(warmup)
+        measuring()
+
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
-        await asyncio.gather(*(user(n) for n in range(users)))
-    run.seconds = time.perf_counter() - began
-    return run
+        await asyncio.gather(switch(), *(user(n) for n in range(users)))
+    warm.seconds = min(warmup, time.perf_counter() - began)
+    run.seconds = time.perf_counter() - measure_at
+    return warm, run
 
 
 # --- the processes ---------------------------------------------------------------------------
@@ -340,6 +353,7 @@ async def stored_episodes(data_dir: Path) -> int:
 @dataclass
 class Outcome:
     direct: Run
+    warm: Run  # the proxy's warm-up: every session new to it, arriving within a second
     proxied: Run
     rss_peak_kib: int
     rss_end_kib: int
@@ -361,18 +375,22 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
     proxy: Proc | None = None
     try:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
-        direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
-                             args.pace_ms, seed=1)
+        _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
+                                args.pace_ms, seed=1)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
                             args.set)
         pids = tree(proxy.popen.pid)
+        cpu_at: list[float] = []
+
+        def measuring() -> None:
+            cpu_at.append(tree_cpu_s(pids))
+            print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
+
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
-        await drive(proxy.url, args.sessions, args.warmup_seconds, scripts, args.pace_ms, seed=2)
-        cpu_before = tree_cpu_s(pids)
-        print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
-        proxied = await drive(proxy.url, args.sessions, args.seconds, scripts, args.pace_ms,
-                              seed=3)
-        cpu = tree_cpu_s(pids) - cpu_before
+        warm, proxied = await drive(proxy.url, args.sessions, args.seconds, scripts,
+                                    args.pace_ms, seed=3, warmup=args.warmup_seconds,
+                                    measuring=measuring)
+        cpu = tree_cpu_s(pids) - cpu_at[0]
         metrics = scrape(proxy)
         peak = sum(vm_kib(pid, "VmHWM") for pid in pids)
         end = sum(vm_kib(pid, "VmRSS") for pid in pids)
@@ -383,7 +401,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
     log = proxy.log.read_text(errors="replace") if proxy is not None else ""
     # The memory side logs the first failure of each part (and its recovery).
     degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
-    return Outcome(direct, proxied, peak, end, cpu, metrics, await stored_episodes(data_dir),
+    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, await stored_episodes(data_dir),
                    wiki, degraded, log[-3000:])
 
 
@@ -411,12 +429,17 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
            f"(`CTXPROXY_WORKERS={args.workers} python -m proxy serve`)."),
+        f"The sessions go on from a {args.warmup_seconds:g} s warm-up, which is not counted in "
+        "the rows but its own (every session new to the proxy, all arriving within a second: "
+        "as after a restart).",
         "",
         "| | requests | errors | requests/s | TTFB p50 ms | TTFB p99 ms | stream p50 ms "
         "| stream p99 ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, r in (("direct (baseline)", d), ("through ctxproxy", p)):
+    rows = (("direct (baseline)", d), ("through ctxproxy", p),
+            ("*warm-up through ctxproxy*", o.warm))
+    for name, r in rows:
         lines.append(
             f"| {name} | {r.ok + sum(r.errors.values()):,} | {sum(r.errors.values())} "
             f"| {r.ok / r.seconds:.0f} | {_q(r.ttfb, .5):.1f} | {_q(r.ttfb, .99):.1f} "
@@ -474,7 +497,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=200, help="concurrent sessions")
     parser.add_argument("--seconds", type=float, default=60.0, help="through the proxy")
     parser.add_argument("--direct-seconds", type=float, default=30.0, help="the baseline")
-    parser.add_argument("--warmup-seconds", type=float, default=5.0)
+    parser.add_argument("--warmup-seconds", type=float, default=10.0,
+                        help="through the proxy, before measuring (the same sessions go on)")
     parser.add_argument("--turns", type=int, default=12, help="turns per thread")
     parser.add_argument("--pace-ms", type=float, default=40.0,
                         help="between the upstream's events (70 per answer)")

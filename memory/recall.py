@@ -26,7 +26,7 @@ import asyncio
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from config import Settings
@@ -36,7 +36,7 @@ from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, St
 from memory.snippets import GAP, SNIPPET_TOKENS, lines_of, questions, snippet
 
 __all__ = [
-    "Candidate", "Mode", "Recaller", "Weights", "decay", "fuse", "mentioned_ids", "score",
+    "Candidate", "Found", "Mode", "Recaller", "Weights", "decay", "fuse", "mentioned_ids", "score",
     "select",
 ]
 
@@ -83,6 +83,21 @@ class Candidate:
     relevance: float
     similarity: float | None = None  # found by meaning: its best chunk's cosine similarity
     span: tuple[int, int] | None = None  # and where that chunk stands in the text
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What the store holds for one turn's question (``Recaller.gather``)."""
+
+    query: str
+    now: float
+    session: str
+    scope: Scope
+    searched: list[list[Hit]] = field(default_factory=list)  # the prompt's, each question's
+    recent: list[Memory] = field(default_factory=list)  # the session's latest turns
+    near: list[list[Hit]] = field(default_factory=list)  # each question's, by meaning
+    mode: Mode = "lexical"
+    mentioned: list[Memory] = field(default_factory=list)  # the memory ids the user named
 
 
 def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
@@ -169,6 +184,11 @@ def select(
 def mentioned_ids(text: str) -> list[str]:
     """The memory ids in ``text``, first mention first, at most five."""
     return list(dict.fromkeys(_MEMORY_ID.findall(text)))[:MAX_MENTIONED]
+
+
+def _read_query(query: str) -> tuple[list[str], list[str]]:
+    """A prompt's questions and the memory ids it names (one trip off the loop)."""
+    return questions(query), mentioned_ids(query)
 
 
 def _alive(memory: Memory, now: float) -> bool:
@@ -295,12 +315,21 @@ class Recaller:
         """``recall``, and how it searched: ``hybrid`` (full text and meaning, fused),
         ``lexical`` (no embeddings configured) or ``lexical-degraded`` (the embeddings
         endpoint or the vector search failed this turn)."""
-        if self.k <= 0 or budget <= 0:
-            return [], "lexical"
+        found = await self.gather(scope, session, query, now)
+        picked = await self.pick(found, window=window, exclude=exclude, budget=budget,
+                                 min_score=min_score, shown=shown)
+        return picked, found.mode
+
+    async def gather(self, scope: Scope, session: str, query: str, now: float) -> Found:
+        """What the store holds for ``query``: every read of a turn's recall, at once. What
+        is shown of it is decided by ``pick``, which needs the standing selection: a turn
+        reads both concurrently."""
+        if self.k <= 0:
+            return Found(query, now, session, scope)
         # A long prompt is searched as a whole and by each of its questions: the words of
         # the question are what the memory shares, the rest says what the task is about.
-        asked = await self._offload(questions, query)
-        found, recent, (near, mode) = await asyncio.gather(
+        asked, ids = await self._offload(_read_query, query)
+        found, recent, (near, mode), named = await asyncio.gather(
             asyncio.gather(*(
                 self._store.search(scope, q, types=["episodic", "semantic"],
                                    limit=SEARCH_LIMIT, now=now)
@@ -310,35 +339,48 @@ class Recaller:
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
                              now=now),
             self._nearest(scope, asked or [query], now),
+            asyncio.gather(*(self._store.get(i) for i in ids)),
         )
-        hits = [h for part in found for h in part]
-        ids = await self._offload(mentioned_ids, query)
-        named = await asyncio.gather(*(self._store.get(i) for i in ids))
-        candidates: list[Candidate] = []
-        for memory in named:
-            # get() looks across every scope: never let another scope's memory through.
-            if memory is not None and memory.scope == scope and _alive(memory, now):
-                candidates.append(Candidate(memory, MENTIONED))
+        # get() looks across every scope: never let another scope's memory through.
+        mentioned = [m for m in named if m is not None and m.scope == scope and _alive(m, now)]
+        return Found(query, now, session, scope, list(found), recent, near, mode, mentioned)
+
+    async def pick(
+        self,
+        found: Found,
+        *,
+        window: Collection[str],
+        exclude: Collection[str],
+        budget: int,
+        min_score: float = 0.0,
+        shown: Mapping[str, Collection[str]] | None = None,
+    ) -> list[Memory]:
+        """The recall among what ``gather`` found: outside the forwarded ``window``, not in
+        ``exclude`` (the standing selection), within ``budget`` tokens."""
+        if self.k <= 0 or budget <= 0:
+            return []
+        candidates = [Candidate(m, MENTIONED) for m in found.mentioned]
         rankings: list[list[Hit]] = []
-        if mode == "hybrid":
+        if found.mode == "hybrid":
             # Each search is a ranking of its own: the whole prompt's, each question's, and
             # each question's vector search; fused in _pick, after the gate.
             rankings = [[h for h in ranking if _outside(h.memory, window)]
-                        for ranking in [*found, *near]]
+                        for ranking in [*found.searched, *found.near]]
         else:
+            hits = [h for part in found.searched for h in part]
             top = max((h.relevance for h in hits), default=0.0)
             for hit in hits:
                 if _outside(hit.memory, window):
                     candidates.append(Candidate(hit.memory, hit.relevance / top))
-        latest = sorted((m for m in recent if _outside(m, window)),
+        latest = sorted((m for m in found.recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
         # Snippets and token counts scan the memories' text: in a worker, not on the loop.
-        picked = await self._offload(
-            self._pick, candidates, query, session=session, exclude=exclude,
-            shown=shown or {}, min_score=min_score, budget=budget, now=now, rankings=rankings,
+        return await self._offload(
+            self._pick, candidates, found.query, session=found.session, exclude=exclude,
+            shown=shown or {}, min_score=min_score, budget=budget, now=found.now,
+            rankings=rankings,
         )
-        return picked, mode
 
     async def _nearest(
         self, scope: Scope, asked: Sequence[str], now: float

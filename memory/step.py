@@ -33,7 +33,7 @@ from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
 from memory.queue import WriteQueue
-from memory.recall import Recaller
+from memory.recall import Candidate, Recaller
 from memory.snippets import lines_of
 from memory.working import Working
 from request import Exchange, Identity, Item, Notes, digest
@@ -104,6 +104,17 @@ def _texts(
     )
 
 
+def _drop(task: asyncio.Future[Any] | None) -> None:
+    """Cancel ``task`` unless it is done; a failure it ended with counts as seen (the
+    store's failure is counted by what awaited it, or by the read that failed first)."""
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()
+
+
 def _forwarded_turns(
     ex: Exchange, scope: Scope, session: str
 ) -> list[tuple[int, TurnKey]]:
@@ -154,9 +165,9 @@ class MemoryStep:
             TURNS_CACHED
         )
         # (scope, session) -> (candidates' signature, the standing selection)
-        self._standing: LRUCache[tuple[Scope, str], tuple[object, list[Memory]]] = LRUCache(
-            STANDING_CACHED
-        )
+        self._standing: LRUCache[
+            tuple[Scope, str], tuple[object, tuple[list[Memory], int]]
+        ] = LRUCache(STANDING_CACHED)
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
 
     async def __call__(self, ex: Exchange) -> None:
@@ -245,18 +256,6 @@ class MemoryStep:
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
         # shared by everyone who opens the same way. Its turns are still remembered.
         own = session if ex.identity.session_id else ""
-        writing: asyncio.Future[None] | None = None
-        if own:
-            update = self._update_working(scope, session, turns, now, ex.history.compacted)
-            if self._working.knows(scope, session):
-                # What it writes now comes from this turn, in the window, where standing
-                # memory does not look: written while recall reads (done before forwarding).
-                writing = asyncio.ensure_future(update)
-            else:
-                await update  # a session new to this process: its earlier turns' records first
-        # The job keeps the parsed history alive until it runs: about the request's bytes.
-        self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
-                        len(ex.raw))
         window = {t.prompt_key for t in turns if t.in_window}
         forwarded = _forwarded_turns(ex, scope, session)
         kept = [self._shown.get(key) for _, key in forwarded[:-1]]
@@ -265,22 +264,43 @@ class MemoryStep:
         # messages kept in place.
         whole = {t.prompt_key for t in turns
                  if t.in_window and t.index not in ex.masked_turns}
+        newest = self._shown.get(forwarded[-1][1]) if forwarded else None
+        # This turn's recall reads go out first, beside working memory's writes and the
+        # standing selection's reads: only the pick needs those.
+        found = (None if newest is not None  # this turn recalled already (a retry, ...)
+                 else asyncio.ensure_future(
+                     self._recaller.gather(scope, own, turns[-1].user, now)))
+        writing: asyncio.Future[None] | None = None
         try:
-            standing = await self._standing_for(scope, own, window, now)
-            used = await self._offload(self._recaller.cost, standing) if standing else 0
-            newest = self._shown.get(forwarded[-1][1]) if forwarded else None
-            mode: str | None = None
-            if newest is not None:  # this turn recalled already (a retry, another turn id)
-                recalled: list[Memory] = []
-            else:
+            if own:
+                update = self._update_working(scope, session, turns, now, ex.history.compacted)
+                if self._working.knows(scope, session):
+                    # What it writes now comes from this turn, in the window, where standing
+                    # memory does not look: written while recall reads (done before
+                    # forwarding).
+                    writing = asyncio.ensure_future(update)
+                else:
+                    await update  # a session new to this process: its earlier turns' first
+        except BaseException:
+            _drop(found)
+            raise
+        # The job keeps the parsed history alive until it runs: about the request's bytes.
+        self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
+                        len(ex.raw))
+        mode: str | None = None
+        recalled: list[Memory] = []
+        try:
+            standing, used = await self._standing_for(scope, own, window, now)
+            if found is not None:
                 seen: dict[str, set[str]] = {}
                 for shown in kept:
                     for memory_id, lines in shown.lines if shown is not None else ():
                         seen.setdefault(memory_id, set()).update(lines)
-                recalled, mode = await self._recaller.recall_mode(
-                    scope, own, turns[-1].user, window=whole,
-                    exclude={m.memory_id for m in standing}, shown=seen,
-                    budget=self._recaller.budget - used, now=now,
+                gathered = await found
+                mode = gathered.mode
+                recalled = await self._recaller.pick(
+                    gathered, window=whole, exclude={m.memory_id for m in standing},
+                    shown=seen, budget=self._recaller.budget - used,
                     min_score=self._settings.recall_min_score,
                 )
             self._health.ok("recall")
@@ -288,6 +308,7 @@ class MemoryStep:
             self._health.failed("recall", exc)
             return Prepared(degraded=True)
         finally:
+            _drop(found)
             if writing is not None:
                 await writing
             if self._recall_seconds is not None:
@@ -328,18 +349,25 @@ class MemoryStep:
 
     async def _standing_for(
         self, scope: Scope, session: str, window: set[str], now: float
-    ) -> list[Memory]:
-        """The standing selection, chosen again only when its candidates change (a window cut
-        or a new memory), not when the clock moves their scores."""
+    ) -> tuple[list[Memory], int]:
+        """The standing selection and the tokens it takes, chosen again only when its
+        candidates change (a window cut or a new memory), not when the clock moves their
+        scores."""
         candidates = await self._recaller.standing_candidates(scope, session, window, now)
         signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
         where = (scope, session)
         cached = self._standing.get(where)
         if cached is not None and cached[0] == signature:
             return cached[1]
-        chosen = await self._offload(self._recaller.standing, candidates, now)
+        chosen = await self._offload(self._choose_standing, candidates, now)
         self._standing[where] = (signature, chosen)
         return chosen
+
+    def _choose_standing(
+        self, candidates: list[Candidate], now: float
+    ) -> tuple[list[Memory], int]:
+        chosen = self._recaller.standing(candidates, now)
+        return chosen, self._recaller.cost(chosen) if chosen else 0
 
     # --- every request ---------------------------------------------------------------------
 

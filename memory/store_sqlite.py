@@ -252,7 +252,11 @@ _TF_CHARS = 2000
 _SUFFIXES = ("ing", "ed", "es", "s", "e")
 _BUSY_TIMEOUT_S = 5.0
 _CACHE_KIB = 32 * 1024
-READERS = 2  # reader threads (and connections) per store
+# Reader threads (and connections) per store, in two lanes: full-text searches (a few ms of
+# SQLite each, one per turn) and the quick reads (list, get, stored: a turn makes several),
+# which would otherwise queue behind other turns' searches.
+READERS = 2
+SEARCHERS = 2
 _KEYS_PER_QUERY = 500  # under SQLite's bound on a statement's parameters
 _VECTORS_SINCE = f"""
 SELECT v.seq, v.memory_id, v.chunk, v.start_at, v.end_at, v.vector
@@ -275,6 +279,7 @@ class SqliteStore:
         # thread: in WAL they never wait for a write, nor a turn's recall for the writes and
         # the other sessions' reads queued on the one writer thread.
         self._readers: ThreadPoolExecutor | None = None
+        self._searchers: ThreadPoolExecutor | None = None
         self._reader_conns: builtins.list[sqlite3.Connection] = []
         self._local = threading.local()  # each thread's connection
         self._vectors = VectorIndex()
@@ -289,6 +294,8 @@ class SqliteStore:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-sqlite")
             self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="ctxproxy-sqlite-read")
+            self._searchers = ThreadPoolExecutor(SEARCHERS,
+                                                 thread_name_prefix="ctxproxy-sqlite-search")
         try:
             self._conn = await self._run(self._connect)
         except StoreError:
@@ -334,9 +341,11 @@ class SqliteStore:
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         executor, self._executor = self._executor, None
-        readers, self._readers = self._readers, None
-        if readers is not None:
-            await asyncio.to_thread(readers.shutdown, wait=True)
+        lanes = [lane for lane in (self._readers, self._searchers) if lane is not None]
+        self._readers = self._searchers = None
+        if lanes:
+            for lane in lanes:
+                await asyncio.to_thread(lane.shutdown, wait=True)
             for reader in self._reader_conns:
                 reader.close()
             self._reader_conns.clear()
@@ -350,14 +359,16 @@ class SqliteStore:
         """Run ``fn(*args)`` on the writer thread; sqlite errors become StoreError."""
         return await self._on(self._executor, fn, *args)
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run the read ``fn(*args)`` on a reader thread; as ``_run`` otherwise."""
+    async def _read(self, fn: Callable[..., T], *args: Any, search: bool = False) -> T:
+        """Run the read ``fn(*args)`` on a reader thread (of the search lane when
+        ``search``); as ``_run`` otherwise."""
 
         def read() -> T:
             self._reader()
             return fn(*args)
 
-        return await self._on(self._readers if self._conn is not None else None, read)
+        lane = self._searchers if search else self._readers
+        return await self._on(lane if self._conn is not None else None, read)
 
     async def _on(self, executor: ThreadPoolExecutor | None, fn: Callable[..., T],
                   *args: Any) -> T:
@@ -461,7 +472,7 @@ class SqliteStore:
         if not words or not types or limit <= 0:
             return []
         at = time.time() if now is None else now
-        return await self._read(self._search, scope, words, list(types), limit, at)
+        return await self._read(self._search, scope, words, list(types), limit, at, search=True)
 
     def _search(
         self, scope: Scope, words: list[str], types: list[str], limit: int, now: float

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+import threading
 from pathlib import Path
 
 import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from memory import store_sqlite
 from memory.model import Memory, Scope, StoreError
 from memory.store_sqlite import MIGRATIONS, SqliteStore, _words_like
 
@@ -60,6 +62,35 @@ async def test_two_stores_on_one_file_converge_on_one_record_per_key(tmp_path: P
     assert sorted(m.key for m in listed) == sorted(m.key for m in batch)
     await a.close()
     await b.close()
+
+
+async def test_quick_reads_do_not_queue_behind_searches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    (stored,) = await store.upsert([mem("k", "the release train leaves on tuesdays")])
+    release = threading.Event()
+    search = store._search
+
+    def stuck(*args: object) -> object:
+        release.wait(30)
+        return search(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_search", stuck)
+    searches = [asyncio.ensure_future(store.search(SCOPE, "release train"))
+                for _ in range(store_sqlite.SEARCHERS + 1)]
+    try:
+        # Every search thread is busy: lists, gets and "stored" checks are answered anyway.
+        listed = await asyncio.wait_for(store.list(SCOPE), 10)
+        got = await asyncio.wait_for(store.get(stored.memory_id), 10)
+        known = await asyncio.wait_for(store.stored(SCOPE, "episodic", ["k"]), 10)
+    finally:
+        release.set()
+    assert [m.key for m in listed] == ["k"] and got == stored and known == {"k": False}
+    assert [[h.memory.key for h in hits] for hits in await asyncio.gather(*searches)] == [
+        ["k"]] * len(searches)
+    await store.close()
 
 
 async def test_a_corrupt_row_is_a_store_error(tmp_path: Path) -> None:
