@@ -5,23 +5,24 @@
     .venv/bin/python -m bench.load --workers 2         # CTXPROXY_WORKERS=2: its own block
 
 Processes on loopback: the fake upstream (bench/_upstream.py, its 70 SSE events ``--pace-ms``
-apart, as a model streams tokens), ctxproxy (``python -m proxy serve``: SQLite memory in a
-temporary data dir, a wiki added with the knowledge CLI and bound to every agent), and this
-client. Each of ``--sessions`` virtual users runs Codex threads back to back: every turn sends
-the history so far plus the new prompt, then (when the turn used tools) the tool-loop request
-with the calls and their outputs under the same turn id; after ``--turns`` turns a new thread
-starts. So the window cuts (from turn 6 on), every finished turn is ingested, recall runs on
-every new turn and the knowledge block goes into every request.
+apart, as a model streams tokens; each answer's pace varies by up to ``--jitter``, as answers
+take more or less time, so that sessions started together do not stay in step), ctxproxy
+(``python -m proxy serve``: SQLite memory in a temporary data dir, a wiki added with the
+knowledge CLI and bound to every agent), and this client. Each of ``--sessions`` virtual users
+runs Codex threads back to back: every turn sends the history so far plus the new prompt, then
+(when the turn used tools) the tool-loop request with the calls and their outputs under the
+same turn id; after ``--turns`` turns a new thread starts. So the window cuts (from turn 6 on),
+every finished turn is ingested, recall runs on every new turn and the knowledge block goes
+into every request.
 
 The same load first goes straight to the upstream (the baseline), then through the proxy: a
-warm-up (reported on its own row: every session is new to the proxy and all arrive within a
-second, as after a restart) from which the same sessions go on into the measured run.
-Reported: errors (a status other than 200, a stream that is cut or not the upstream's bytes,
-a timeout; must be 0), requests per second, time to first byte and to the end of the stream
-both ways and their difference (the latency the proxy adds), the proxy's
-peak RSS (VmHWM) and CPU, and from its /metrics what the window, memory and knowledge did.
-With ``--workers N`` (N > 1) RSS and CPU are summed over the supervisor and its workers, and
-/metrics is one worker's (each has its own registry; a scrape reaches one of them).
+warm-up (its own row: every session new to the proxy, as after a restart) from which the same
+sessions go on into the measured run. Reported: errors (a status other than 200, a stream that
+is cut or not the upstream's bytes, a timeout; must be 0), requests per second, time to first
+byte and to the end of the stream both ways and their difference (the latency the proxy adds),
+the proxy's peak RSS (VmHWM) and CPU, and from its /metrics what the window, memory and
+knowledge did. With ``--workers N`` (N > 1) RSS and CPU are summed over the supervisor and
+its workers, and /metrics is one worker's (each has its own registry; a scrape reaches one).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ TEAM = "team-load"
 AGENTS = ("agent-a", "agent-b", "agent-c", "agent-d")
 SCRIPTS = 16  # distinct thread scripts; every thread gets its own session id
 REQUEST_TIMEOUT_S = 60.0
+ANSWER_EVENTS = 70  # the fake upstream's events per answer (bench/_upstream.py)
 Item = dict[str, Any]
 
 
@@ -99,6 +101,8 @@ class Thread:
     context: list[Item]
     tools: list[Item]
     pace_ms: float
+    jitter: float = 0.0  # each answer's pace is pace_ms times 1 +- up to this
+    rng: random.Random = field(default_factory=random.Random)
     session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def requests(self, first_turn: int = 0) -> Iterator[tuple[bytes, dict[str, str]]]:
@@ -137,7 +141,8 @@ class Thread:
             "x-codex-window-id": f"{sid}:0", "x-codex-turn-metadata": self._meta(turn_id),
             "x-client-request-id": sid, "session-id": sid, "thread-id": sid,
             "x-team-id": TEAM, "x-agent-id": agent, "x-tdai-user-key": f"key-{agent}",
-            "x-bench-pace-ms": str(self.pace_ms),
+            "x-bench-pace-ms": str(self.pace_ms * self.rng.uniform(1 - self.jitter,
+                                                                    1 + self.jitter)),
         }
 
 
@@ -190,7 +195,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
 
 
 async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
-                pace_ms: float, seed: int, *, warmup: float = 0.0,
+                pace_ms: float, seed: int, *, jitter: float = 0.0, warmup: float = 0.0,
                 measuring: Callable[[], None] = lambda: None) -> tuple[Run, Run]:
     """``users`` virtual users running threads back to back for ``warmup`` + ``seconds``; a
     request started in time is finished and counted: in the first Run when it started in
@@ -209,12 +214,12 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
     stop_at = measure_at + seconds
 
     async def user(n: int) -> None:
-        # Spread the users' first requests over the first second, and start each in the
+        # Spread the users' first requests over one answer's time, and start each in the
         # middle of a thread: threads end at different times from then on.
-        await asyncio.sleep(n / users)
+        await asyncio.sleep(n / users * ANSWER_EVENTS * pace_ms / 1000)
         first_turn = rng.randrange(len(scripts[0].turns))
         while time.perf_counter() < stop_at:
-            thread = Thread(rng.choice(scripts), n, context, tools, pace_ms)
+            thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter, rng)
             for body, headers in thread.requests(first_turn):
                 now = time.perf_counter()
                 if now >= stop_at:
@@ -376,7 +381,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
     try:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
-                                args.pace_ms, seed=1)
+                                args.pace_ms, seed=1, jitter=args.jitter)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
                             args.set)
         pids = tree(proxy.popen.pid)
@@ -388,7 +393,8 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
 
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
         warm, proxied = await drive(proxy.url, args.sessions, args.seconds, scripts,
-                                    args.pace_ms, seed=3, warmup=args.warmup_seconds,
+                                    args.pace_ms, seed=3, jitter=args.jitter,
+                                    warmup=args.warmup_seconds,
                                     measuring=measuring)
         cpu = tree_cpu_s(pids) - cpu_at[0]
         metrics = scrape(proxy)
@@ -425,7 +431,9 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"{args.sessions} concurrent streaming sessions (Codex threads of {args.turns} turns, "
         f"one request per turn plus a tool-loop request when the turn used tools; window 5 "
         f"turns; {len(AGENTS)} agents of one team, the team's wiki bound to each); the fake "
-        f"upstream streams 70 events {args.pace_ms:g} ms apart; SQLite memory store; "
+        f"upstream streams {ANSWER_EVENTS} events {args.pace_ms:g} ms apart"
+        + (f" (each answer's pace times 1 +- up to {args.jitter:g})" if args.jitter else "")
+        + "; SQLite memory store; "
         + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
            f"(`CTXPROXY_WORKERS={args.workers} python -m proxy serve`)."),
@@ -502,6 +510,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=12, help="turns per thread")
     parser.add_argument("--pace-ms", type=float, default=40.0,
                         help="between the upstream's events (70 per answer)")
+    parser.add_argument("--jitter", type=float, default=0.5,
+                        help="each answer's pace is --pace-ms times 1 +- up to this (0: every "
+                             "answer takes as long, and sessions that start together stay "
+                             "in step)")
     parser.add_argument("--workers", type=int, default=1,
                         help="CTXPROXY_WORKERS of the proxy (its own block in RESULTS.md)")
     parser.add_argument("--quick", action="store_true", help="40 sessions, 10 s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import sqlite3
@@ -9,7 +10,7 @@ import stat
 import time
 from pathlib import Path
 
-__all__ = ["private_file", "secret_key", "wal"]
+__all__ = ["WriteLock", "private_file", "secret_key", "wal"]
 
 _SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's, made with the database file's mode
 
@@ -69,3 +70,29 @@ def wal(conn: sqlite3.Connection, wait_s: float) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+class WriteLock:
+    """One writer at a time across the processes sharing an SQLite file (``CTXPROXY_WORKERS``
+    of them): an exclusive ``flock`` on ``<file>.lock`` held around each write transaction.
+    SQLite's own busy handler waits by sleeping 1, 2, 5, 10 ... 100 ms between tries, so a
+    write that finds another under way waited for the next try, not for that write to end;
+    the kernel wakes a ``flock`` waiter as the holder lets go. Reads (WAL) never take it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_name(path.name + ".lock")
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

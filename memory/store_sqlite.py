@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import contextlib
 import functools
 import hashlib
 import math
@@ -18,7 +19,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
-from config.files import private_file, wal
+from config.files import WriteLock, private_file, wal
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
 from memory.vectors import Match, VectorIndex, VectorRow
@@ -282,6 +283,7 @@ class SqliteStore:
         self._searchers: ThreadPoolExecutor | None = None
         self._reader_conns: builtins.list[sqlite3.Connection] = []
         self._local = threading.local()  # each thread's connection
+        self._lock = WriteLock(self.path)  # one writing process at a time (WORKERS)
         self._vectors = VectorIndex()
 
     def __repr__(self) -> str:
@@ -353,6 +355,7 @@ class SqliteStore:
             return
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        await asyncio.get_running_loop().run_in_executor(executor, self._lock.close)
         executor.shutdown(wait=False)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -376,10 +379,25 @@ class SqliteStore:
             raise StoreError("sqlite: the memory store is not open")
         try:
             return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:  # OSError: the write lock's file
             raise StoreError(f"sqlite: {exc}") from exc
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             raise StoreError(f"sqlite: a row could not be read: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the writer's connection, under the processes' write lock:
+        committed when the block ends, rolled back when it raises."""
+        db = self._db()
+        with self._lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # a failed COMMIT may have rolled back already
+                    db.execute("ROLLBACK")
+                raise
 
     def _db(self) -> sqlite3.Connection:
         """The calling thread's connection: the writer's, or a reader's."""
@@ -397,19 +415,12 @@ class SqliteStore:
         return await self._run(self._upsert, rows)
 
     def _upsert(self, rows: list[tuple[Any, ...]]) -> list[Memory]:
-        db = self._db()
         stored: list[Memory] = []
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._writing() as db:
             for row in rows:
                 found = db.execute(_UPSERT, row).fetchone()
                 if found is not None:  # None: the key was forgotten (a tombstone)
                     stored.append(_memory(found))
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:  # a failed COMMIT may have rolled back already
-                db.execute("ROLLBACK")
-            raise
         return stored
 
     async def get(self, memory_id: str) -> Memory | None:
@@ -428,7 +439,8 @@ class SqliteStore:
 
         def delete() -> int:
             marks = ", ".join("?" * len(ids))
-            cur = self._db().execute(f"DELETE FROM memories WHERE memory_id IN ({marks})", ids)
+            with self._writing() as db:
+                cur = db.execute(f"DELETE FROM memories WHERE memory_id IN ({marks})", ids)
             return cur.rowcount
 
         return await self._run(delete)
@@ -440,21 +452,14 @@ class SqliteStore:
         at = time.time() if now is None else now
 
         def forget() -> int:
-            db = self._db()
             marks = ", ".join("?" * len(ids))
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._writing() as db:
                 db.execute(
                     "INSERT OR IGNORE INTO forgotten SELECT service_id, team_id, agent_id,"
                     f" user_ref, type, key, ? FROM memories WHERE memory_id IN ({marks})",
                     [at, *ids],
                 )
                 gone = db.execute(f"DELETE FROM memories WHERE memory_id IN ({marks})", ids)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
             return gone.rowcount
 
         return await self._run(forget)
@@ -573,9 +578,7 @@ class SqliteStore:
             return
 
         def put() -> None:
-            db = self._db()
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._writing() as db:
                 for memory_id, model in dict.fromkeys((r.memory_id, r.model) for r in rows):
                     db.execute("DELETE FROM memory_vectors WHERE memory_id = ? AND model = ?",
                                (memory_id, model))
@@ -586,11 +589,6 @@ class SqliteStore:
                     [(r.memory_id, r.chunk, r.start, r.end, r.model, r.digest, r.vector,
                       r.memory_id) for r in rows],
                 )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
 
         await self._run(put)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import re
 import sqlite3
 import threading
@@ -90,6 +92,29 @@ async def test_quick_reads_do_not_queue_behind_searches(
     assert [m.key for m in listed] == ["k"] and got == stored and known == {"k": False}
     assert [[h.memory.key for h in hits] for hits in await asyncio.gather(*searches)] == [
         ["k"]] * len(searches)
+    await store.close()
+
+
+async def test_writers_take_turns_on_a_lock_file_and_readers_never_wait(
+    tmp_path: Path,
+) -> None:
+    """Workers sharing the file write one at a time under an flock on ``<file>.lock``."""
+    path = tmp_path / "memory.sqlite3"
+    store = SqliteStore(path)
+    await store.open()
+    await store.upsert([mem("kept", "written before the lock was taken")])
+    other = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another worker, mid-write
+    try:
+        write = asyncio.ensure_future(store.upsert([mem("later", "written after")]))
+        done, _ = await asyncio.wait([write], timeout=0.5)
+        assert not done  # it waits for the other worker's write to end
+        assert [m.key for m in await store.list(SCOPE)] == ["kept"]  # reads do not
+    finally:
+        fcntl.flock(other, fcntl.LOCK_UN)
+        os.close(other)
+    assert [m.key for m in await write] == ["later"]
+    assert sorted(m.key for m in await store.list(SCOPE)) == ["kept", "later"]
     await store.close()
 
 
