@@ -42,7 +42,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ from bench import _session
 from bench._results import RESULTS, write_block
 from bench._upstream import answer_events
 from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
+from bench.recall import backend
+from memory.store_pg import PostgresStore
 from memory.store_sqlite import SqliteStore
 
 SECTION = "## Load"
@@ -343,8 +345,8 @@ def scrape(proc: Proc) -> dict[str, float]:
     return dict(out)
 
 
-async def stored_episodes(data_dir: Path) -> int:
-    store = SqliteStore(data_dir / "memory.sqlite3")
+async def stored_episodes(data_dir: Path, store_url: str | None) -> int:
+    store = PostgresStore(store_url) if store_url else SqliteStore(data_dir / "memory.sqlite3")
     await store.open()
     try:
         return len(await store.list(None, types=["episodic"], limit=10_000_000))
@@ -371,8 +373,18 @@ class Outcome:
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
-    scripts = [Script.make(seed, args.turns) for seed in range(SCRIPTS)]
     data_dir = workdir / "data"
+    kind = "postgres" if args.pg_url else "sqlite"
+    async with backend(kind, args.pg_url, data_dir) as values:
+        store_url = values.get("store_url")
+        settings = [*args.set, *([f"store_url={store_url}"] if store_url else [])]
+        outcome = await _measure(args, workdir, data_dir, settings)
+        return replace(outcome, episodes=await stored_episodes(data_dir, store_url))
+
+
+async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
+                   settings: Sequence[str]) -> Outcome:
+    scripts = [Script.make(seed, args.turns) for seed in range(SCRIPTS)]
     wiki = knowledge(workdir, data_dir)
     port = free_port()
     upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port)],
@@ -383,7 +395,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
         _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
                                 args.pace_ms, seed=1, jitter=args.jitter)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
-                            args.set)
+                            settings)
         pids = tree(proxy.popen.pid)
         cpu_at: list[float] = []
 
@@ -407,8 +419,8 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
     log = proxy.log.read_text(errors="replace") if proxy is not None else ""
     # The memory side logs the first failure of each part (and its recovery).
     degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
-    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, await stored_episodes(data_dir),
-                   wiki, degraded, log[-3000:])
+    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
+                   log[-3000:])
 
 
 def _q(values: Sequence[float], q: float) -> float:
@@ -433,7 +445,7 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"turns; {len(AGENTS)} agents of one team, the team's wiki bound to each); the fake "
         f"upstream streams {ANSWER_EVENTS} events {args.pace_ms:g} ms apart"
         + (f" (each answer's pace times 1 +- up to {args.jitter:g})" if args.jitter else "")
-        + "; SQLite memory store; "
+        + ("; PostgreSQL memory store; " if args.pg_url else "; SQLite memory store; ")
         + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
            f"(`CTXPROXY_WORKERS={args.workers} python -m proxy serve`)."),
@@ -491,12 +503,13 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def write_results(text: str, workers: int = 1) -> None:
-    if workers == 1:
+def write_results(text: str, workers: int = 1, postgres: bool = False) -> None:
+    if workers == 1 and not postgres:
         write_block(SECTION, BEGIN, END, text)
-    else:
-        write_block(SECTION, f"<!-- load-workers-{workers}:begin (written by bench/load.py) -->",
-                    f"<!-- load-workers-{workers}:end -->", text)
+        return
+    name = "load" + ("-pg" if postgres else "") + (f"-workers-{workers}" if workers > 1 else "")
+    write_block(SECTION, f"<!-- {name}:begin (written by bench/load.py) -->",
+                f"<!-- {name}:end -->", text)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -516,6 +529,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "in step)")
     parser.add_argument("--workers", type=int, default=1,
                         help="CTXPROXY_WORKERS of the proxy (its own block in RESULTS.md)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="a PostgreSQL memory store (a fresh schema of the database at "
+                             "$CTXPROXY_TEST_PG_URL; its own block in RESULTS.md), not SQLite")
     parser.add_argument("--quick", action="store_true", help="40 sessions, 10 s")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
     parser.add_argument("--profile", type=Path, help="cProfile the proxy into this file")
@@ -524,6 +540,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "implies --no-write")
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.pg_url = os.environ.get("CTXPROXY_TEST_PG_URL") if args.postgres else None
+    if args.postgres and not args.pg_url:
+        parser.error("--postgres needs CTXPROXY_TEST_PG_URL (`. scripts/services.sh` sets it)")
     if args.profile is not None or args.set:
         args.no_write = True  # a profiled proxy is slower: its figures are not the product's
     if args.quick:
@@ -543,7 +562,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print("\nfirst errors:\n  " + "\n  ".join(outcome.proxied.first_errors))
         print("\nproxy log (tail):\n" + outcome.log_tail)
     if not args.no_write:
-        write_results(text, args.workers)
+        write_results(text, args.workers, postgres=bool(args.pg_url))
         print(f"\nwritten to {RESULTS}")
     return 1 if errors else 0
 
