@@ -637,8 +637,8 @@ def table(runs: Sequence[Run]) -> str:
     direct = {n: g for (n, name), g in groups.items() if g[0].strategy.settings is None}
     rows = ["| turns | strategy | requests | input tokens | cached | cost @10% | cost @25% "
             "| largest request | client compactions | front re-reads | recall blocks "
-            "| fact recall | from user / tool |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| fact recall | from user / tool | costliest session @10% |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (turns, name), group in groups.items():
         bills = [b for run in group for b in run.bills]
         total = sum(b.input_tokens for b in bills)
@@ -655,13 +655,18 @@ def table(runs: Sequence[Run]) -> str:
             f"/{sum(1 for r in group for f in r.session.facts if f.source == src)}"
             for src in ("user", "tool")
         )
+        # The rule is per session: a length's sum can hide one that costs more than direct.
+        alone = {r.session.seed: r.cost(0.1) for r in base or ()}
+        worst = max((r.cost(0.1) / alone[r.session.seed] for r in group
+                     if alone.get(r.session.seed)), default=None)
         blocks = [n for r in group for n in r.blocks.values()]
         rows.append(
             f"| {turns} | {name} | {len(bills)} | {total:,} | {cached / total:.0%} | {rel[0]} "
             f"| {rel[1]} | {max(b.input_tokens for b in bills):,} "
             f"| {sum(r.compactions for r in group)} | {sum(r.front_misses for r in group)} "
             f"| {len(blocks)}/{turns * len(group)}, {sum(blocks) // max(len(blocks), 1)} tok "
-            f"| {hits}/{asks} ({hits / max(asks, 1):.0%}) | {by_source} |"
+            f"| {hits}/{asks} ({hits / max(asks, 1):.0%}) | {by_source} "
+            f"| {'-' if worst is None else f'{worst:.4f}x'} |"
         )
     return "\n".join(rows)
 
@@ -800,7 +805,8 @@ def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, comman
         "then the context, the prompts (at most 20k tokens) and the summary; through the "
         "proxy the server reports the forwarded size. *front re-reads*: requests whose cache "
         "broke inside the tools + context messages (a compaction request, with no tools, is "
-        "one).",
+        "one). *costliest session*: the highest cost @10% against direct of one seed's "
+        "session, to four places (the rule is per session; the row sums the seeds).",
         "",
         f"Strategies: {strategies}.",
         "",

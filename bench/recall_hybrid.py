@@ -453,8 +453,8 @@ def sweep_report(swept: dict[float, Result], store: str) -> list[str]:
                      f"| {r.noise}/{r.asks['absent']} | {tokens} |")
     lines += ["", "The default is chosen on the derive set only (the held-out rows above "
               "are at the default as it stands): the most facts recalled among the gates that "
-              "keep every bench.economics session at or under direct (see the note below "
-              "this block)."]
+              "keep bench.economics at or under direct at every session length (see the note "
+              "below this block)."]
     return lines
 
 

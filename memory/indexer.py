@@ -4,7 +4,8 @@ Ingest hands the records it stored to ``Indexer.notify``; a task of the indexer'
 them in batches (``CTXPROXY_EMBEDDINGS_BATCH`` texts a call), each chunk looked up by its
 digest first, so the same text is never embedded twice. Pending records are bounded: what
 overflows, or fails, is left for the next ``reindex`` (``ctxproxy memory reindex``), which
-walks the records that have no vector, by id, and can stop and start again at any point.
+walks the records by id, indexes those with no vector or chunked otherwise than today, and
+can stop and start again at any point.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = ["EMBEDDED", "Indexer"]
 EMBEDDED = ("episodic", "semantic")  # what recall searches
 PENDING = 10_000
 RETRY_S = 5.0
+REINDEX_PAGE = 500  # records read at a time to compare their chunks with today's
 BATCH_TIMEOUT_FACTOR = 10  # an ingest batch may take this many query timeouts
 
 log = logging.getLogger("ctxproxy.memory")
@@ -145,15 +147,26 @@ class Indexer:
     async def reindex(
         self, *, progress: Callable[[int], None] = lambda n: None
     ) -> int:
-        """Embed every stored record that has no vector under the model; returns how many
-        records were indexed. ``progress`` gets the count after each batch."""
+        """Bring every stored record's vectors under the model to today's chunking: a record
+        with none, and one chunked otherwise (say, before statements had vectors of their
+        own), is indexed again; the chunks it already had are found by digest. Returns how
+        many records were indexed; ``progress`` gets how many were looked at, after each
+        batch. Walks by id and writes each batch before the next: stopped anywhere, the next
+        run finds what is left."""
         after = ""
-        done = 0
+        looked = done = 0
         while True:
-            found = await self._store.unembedded(self.model, after=after, limit=self._batch)
-            if not found:
+            page = await self._store.vector_spans(self.model, after=after, limit=REINDEX_PAGE)
+            if not page:
                 return done
-            await self.index(found)
-            after = found[-1].memory_id
-            done += len(found)
-            progress(done)
+            stale: list[Memory] = []
+            for at, (memory, spans) in enumerate(page, 1):
+                if spans != chunks(memory.text):
+                    stale.append(memory)
+                if len(stale) == self._batch or at == len(page):
+                    await self.index(stale)
+                    done += len(stale)
+                    stale = []
+                    progress(looked + at)
+            after = page[-1][0].memory_id
+            looked += len(page)

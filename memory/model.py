@@ -161,6 +161,16 @@ class Store(Protocol):
 
     async def count_unembedded(self, model: str) -> int: ...
 
+    async def vector_spans(
+        self, model: str, *, after: str = "", limit: int = 100
+    ) -> builtins.list[tuple[Memory, builtins.list[tuple[int, int]]]]:
+        """Episodic and semantic memories by memory_id above ``after`` (a cursor), at most
+        ``limit``, each with the spans of its vectors under ``model`` in chunk order (none:
+        not embedded): what reindex compares with today's chunking."""
+
+    async def count_embeddable(self) -> int:
+        """How many episodic and semantic memories there are (what ``vector_spans`` walks)."""
+
     async def vector_search(
         self,
         scope: Scope,

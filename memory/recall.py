@@ -18,6 +18,10 @@ with the command that printed it, holds at least that share of the question's wo
 memory id the user names always passes): a turn whose question matches nothing well gets no
 recall block at all. One line, not the whole memory: a turn with pages of tool output holds
 a few of any question's words somewhere, which says nothing.
+
+A memory that an earlier turn's recall message, still in the window, shows already comes back
+only with a line not in view that holds more of the question's words than every line in view
+(and ``min_score`` of them); a memory the user names by id, with any line not in view.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from config import Settings
 from memory.cpu import Offload
 from memory.embed import Embedder, EmbedError
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
-from memory.snippets import GAP, SNIPPET_TOKENS, lines_of, questions, snippet
+from memory.snippets import GAP, SNIPPET_TOKENS, line_matches, lines_of, questions, snippet
 
 __all__ = [
     "Candidate", "Found", "Mode", "Recaller", "Weights", "decay", "fuse", "mentioned_ids", "score",
@@ -291,8 +295,8 @@ class Recaller:
     ) -> list[Memory]:
         """This turn's recall, best first, each memory shown as its snippet for ``query``;
         [] when nothing matches ``min_score`` of the question's words. ``shown``: the lines of
-        memories the window still shows (earlier recall messages); a snippet showing nothing
-        more of its memory is left out."""
+        memories the window still shows (earlier recall messages); such a memory comes back
+        only with lines the question's words pick over those (see the module docstring)."""
         memories, _ = await self.recall_mode(
             scope, session, query, window=window, exclude=exclude, budget=budget, now=now,
             min_score=min_score, shown=shown,
@@ -451,14 +455,39 @@ class Recaller:
             if near and match < min_score and c.span is not None:
                 # Found by meaning, not by the question's words: show the chunk that matched.
                 view = self.chunk_view(memory, c.span)
-            if lines_of(view.text) <= set(shown.get(memory.memory_id, ())):
-                return None  # an earlier recall message in the window shows this already
+            before = shown.get(memory.memory_id)
+            if before is not None:  # an earlier recall message in the window shows it
+                if lines_of(view.text) <= set(before):
+                    return None  # and all of this
+                if c.relevance < MENTIONED and not self._brings_better(
+                        memory, view, before, query, min_score):
+                    return None
             return Candidate(view, c.relevance)
 
         return select(
             candidates, weights=self.weights, now=now, k=self.k, budget=budget,
             cost=self._cost, overhead=self._overhead, view=shown_as,
         )
+
+    def _brings_better(
+        self, memory: Memory, view: Memory, before: Collection[str], query: str,
+        min_score: float,
+    ) -> bool:
+        """Whether ``view`` of a memory that a recall message in the window shows already (as
+        the lines ``before``) is worth showing again: one of its lines not in view holds
+        ``min_score`` of the question's words, and more of them than any line in view does.
+        Meaning alone does not bring it back: a long memory has a chunk near most questions
+        (all-MiniLM-L6-v2 put a turn's unrelated chunks at 0.35-0.49), and the model has its
+        prompt in view already."""
+        new = [m for line, m in zip(view.text.split("\n"), line_matches(view.text, query),
+                                    strict=True) if line not in before and line != GAP]
+        fresh = max(new, default=0.0)
+        if fresh < min_score:
+            return False
+        held = max((m for line, m in zip(memory.text.split("\n"),
+                                         line_matches(memory.text, query), strict=True)
+                    if line in before), default=0.0)
+        return fresh > held
 
     def chunk_view(self, memory: Memory, span: tuple[int, int]) -> Memory:
         """``memory`` shown as its first line (the turn's prompt) and the lines of the chunk

@@ -1,9 +1,12 @@
-"""`ctxproxy memory reindex`: embed the stored memories that have no vector yet.
+"""`ctxproxy memory reindex`: embed the stored memories that have no vector yet, or whose
+vectors were cut into chunks otherwise than today.
 
-For a store made before embeddings were turned on, or after a change of model: it walks the
-records without a vector under ``CTXPROXY_EMBEDDINGS_MODEL`` by id, a batch at a time, and
-writes each batch's vectors before the next, so an interrupted run loses at most one batch
-and the next run goes on from what is left.
+For a store made before embeddings were turned on, after a change of model, or by an older
+chunking (before each statement of a prompt had a vector of its own): it walks the records by
+id, compares each one's stored chunks under ``CTXPROXY_EMBEDDINGS_MODEL`` with what
+memory.vectors.chunks makes of its text, and indexes those that differ a batch at a time,
+writing each batch's vectors before the next, so an interrupted run loses at most one batch
+and the next run goes on from what is left. Chunks already embedded are found by digest.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ async def reindex(store: Store, args: argparse.Namespace, settings: Settings) ->
     try:
         indexer = Indexer(store, embedder, batch=settings.embeddings_batch,
                           timeout_s=settings.embeddings_timeout_ms / 1000)
-        total = await store.count_unembedded(embedder.model)
+        total = await store.count_embeddable()
         if total == 0:
             print(f"every memory has a vector of {embedder.model}")
             return 0
@@ -68,7 +71,10 @@ async def reindex(store: Store, args: argparse.Namespace, settings: Settings) ->
             return 1
         if progress.tty:
             print(file=sys.stderr)
-        print(f"embedded {done} memories with {embedder.model}")
+        if done == 0:
+            print(f"every memory has a vector of {embedder.model}")
+        else:
+            print(f"embedded {done} memories with {embedder.model}")
         return 0
     finally:
         await embedder.aclose()

@@ -18,7 +18,7 @@ from injectors import tokens
 from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from memory.words import terms
 
-__all__ = ["GAP", "SNIPPET_TOKENS", "Snippet", "lines_of", "snippet"]
+__all__ = ["GAP", "SNIPPET_TOKENS", "Snippet", "line_matches", "lines_of", "snippet"]
 
 SNIPPET_TOKENS = 160  # what one recalled memory may take at most
 MAX_LINES = 4  # matching lines a snippet shows at most (each with the call that printed it)
@@ -146,15 +146,39 @@ def _match(
 ) -> float:
     """The share of ``wanted`` the best line holds, with the line that says where it comes
     from (the call that printed it)."""
-    match = 0.0
+    return max(_line_matches(words_of, contexts, wanted), default=0.0)
+
+
+def _line_matches(
+    words_of: Sequence[frozenset[str]], contexts: Sequence[int | None], wanted: set[str]
+) -> list[float]:
+    """For each line, the share of ``wanted`` it holds with the line that says where it
+    comes from."""
+    out = [0.0] * len(words_of)
     if not wanted:
-        return match
+        return out
     for n, words in enumerate(words_of):
         if words & wanted:
             at = contexts[n]
             held = (words | words_of[at] if at is not None else words) & wanted
-            match = max(match, len(held) / len(wanted))
-    return match
+            out[n] = len(held) / len(wanted)
+    return out
+
+
+def line_matches(text: str, query: str) -> list[float]:
+    """For each line of ``text``, how well it matches ``query`` as ``Snippet.match`` counts
+    it: the share of the question's words it holds with the call that printed it (for a long
+    prompt, of the words of the question it answers best)."""
+    lines = text.split("\n")
+    contexts = _contexts(lines)
+    order = terms(query)
+    parts = [set(order), *(set(terms(q)) for q in questions(query))]
+    words_of = _line_words(text, parts[0])
+    best = [0.0] * len(lines)
+    for part in parts:
+        matches = _line_matches([ws & part for ws in words_of], contexts, part)
+        best = [max(a, b) for a, b in zip(best, matches, strict=True)]
+    return best
 
 
 def _in_word(char: str) -> bool:

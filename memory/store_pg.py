@@ -229,6 +229,11 @@ _VECTOR_ROWS = """
 SELECT seq, memory_id, chunk, start_at, end_at, vector FROM memory_vectors
 WHERE seq = ANY(%(seqs)s) ORDER BY seq
 """
+_SPANS = f"""SELECT {_M_COLUMNS}, ARRAY(
+    SELECT ARRAY[v.start_at, v.end_at] FROM memory_vectors v
+    WHERE v.memory_id = m.memory_id AND v.model = %s ORDER BY v.chunk)
+FROM memories m WHERE m.type IN ('episodic', 'semantic') AND m.memory_id > %s
+ORDER BY m.memory_id LIMIT %s"""
 _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NOT EXISTS (
     SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id AND v.model = %s)"""
 # Retried: two replicas writing the same keys can still meet in a deadlock or a
@@ -565,6 +570,21 @@ class PostgresStore:
     async def count_unembedded(self, model: str) -> int:
         async with self._conn() as conn:
             cur = await conn.execute(f"SELECT count(*) {_UNEMBEDDED}", (model,))
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def vector_spans(
+        self, model: str, *, after: str = "", limit: int = 100
+    ) -> builtins.list[tuple[Memory, builtins.list[tuple[int, int]]]]:
+        async with self._conn() as conn:
+            cur = await conn.execute(_SPANS, (model, after, limit))
+            rows = await cur.fetchall()
+        return [(_memory(row[:-1]), [(int(a), int(b)) for a, b in row[-1]]) for row in rows]
+
+    async def count_embeddable(self) -> int:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM memories WHERE type IN ('episodic', 'semantic')")
             row = await cur.fetchone()
         return int(row[0]) if row else 0
 

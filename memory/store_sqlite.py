@@ -265,6 +265,12 @@ FROM memory_vectors v CROSS JOIN memories m ON m.memory_id = v.memory_id
 WHERE v.seq > ? AND +v.model = ? AND {_SCOPE_WHERE}  -- by seq (rowid), not the model index
 ORDER BY v.seq
 """
+_SPANS = f"""SELECT {_M_COLUMNS}, (
+    SELECT json_group_array(json_array(s.start_at, s.end_at)) FROM (
+        SELECT v.start_at, v.end_at FROM memory_vectors v
+        WHERE v.memory_id = m.memory_id AND v.model = ? ORDER BY v.chunk) s)
+FROM memories m WHERE m.type IN ('episodic', 'semantic') AND m.memory_id > ?
+ORDER BY m.memory_id LIMIT ?"""
 _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NOT EXISTS (
     SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id AND v.model = ?)"""
 
@@ -625,6 +631,25 @@ class SqliteStore:
     async def count_unembedded(self, model: str) -> int:
         def count() -> int:
             row = self._db().execute(f"SELECT count(*) {_UNEMBEDDED}", (model,)).fetchone()
+            return int(row[0])
+
+        return await self._run(count)
+
+    async def vector_spans(
+        self, model: str, *, after: str = "", limit: int = 100
+    ) -> builtins.list[tuple[Memory, builtins.list[tuple[int, int]]]]:
+        def spans() -> builtins.list[tuple[Memory, builtins.list[tuple[int, int]]]]:
+            rows = self._db().execute(_SPANS, (model, after, limit)).fetchall()
+            return [(_memory(row[:-1]), [(int(a), int(b)) for a, b in orjson.loads(row[-1])])
+                    for row in rows]
+
+        return await self._run(spans)
+
+    async def count_embeddable(self) -> int:
+        def count() -> int:
+            row = self._db().execute(
+                "SELECT count(*) FROM memories WHERE type IN ('episodic', 'semantic')"
+            ).fetchone()
             return int(row[0])
 
         return await self._run(count)

@@ -1,5 +1,5 @@
 """`ctxproxy memory reindex` on a store made before embeddings (every migration but the
-vectors one), both stores.
+vectors one), and on one embedded before per-statement vectors; both stores.
 
 The fake upstream serves the embeddings (tests.fakes.embeddings) on a thread of its own, since
 the CLI runs its own event loop.
@@ -14,7 +14,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from memory import store_pg, store_sqlite
+from config import load_settings
+from memory import store_pg, store_sqlite, vectors
+from memory.embed import HttpEmbedder
+from memory.indexer import Indexer
 from memory.model import Memory, Scope, Store
 from tests.fakes import embeddings as fake
 from tests.fakes.server import Running, serve
@@ -114,6 +117,70 @@ def test_an_interrupted_reindex_goes_on_where_it_stopped(
     assert "embedded 8 memories" in out  # the first batch was kept
     texts = [t for r in served.upstream.embedding_requests[2:] for t in r.json["input"]]
     assert len(texts) == 8
+
+
+# Twenty-odd words the fake embedder maps to nothing near the release train: in one vector
+# with the statement they outweigh it.
+TASK = ("Refactor the settle worker so that retries stay idempotent, batch postings per "
+        "tenant, log durations, drop dead helpers, rename confusing variables, split huge "
+        "modules, pin flaky fixtures and document exported functions thoroughly.")
+STATEMENT = "Let's ship every second Tuesday."
+OLD_FACT = f"User: {TASK} {STATEMENT}"
+
+
+def store_of_the_old_chunking(backend: Backend, served: Served, monkeypatch: pytest.MonkeyPatch,
+                              n: int) -> None:
+    """``n`` episodes and OLD_FACT embedded as the code before per-statement vectors did: a
+    one-line prompt was one chunk, its statements had no vector of their own."""
+    records = [Memory(type="episodic", scope=SCOPE, key=f"k{i}", text=f"turn {i}: step {i}")
+               for i in range(n)]
+    records.append(Memory(type="episodic", scope=SCOPE, key="fact", text=OLD_FACT))
+
+    async def embed_the_old_way(store: Store) -> None:
+        embedder = HttpEmbedder(served.running.url + "/v1", model=MODEL)
+        try:
+            stored = await store.upsert(records)
+            await Indexer(store, embedder, batch=4, timeout_s=10).index(stored)
+        finally:
+            await embedder.aclose()
+
+    with monkeypatch.context() as m:
+        m.setattr(vectors, "_sentences", lambda text, end: [])
+        asyncio.run(_with(backend.make(), embed_the_old_way))
+
+
+async def _best(store: Store, question: str) -> tuple[str, str, float]:
+    """The nearest memory's text, the chunk that matched and its similarity."""
+    vector = np.asarray(fake.embed(question), dtype=np.float32)
+    hit = (await store.vector_search(SCOPE, vector, MODEL, limit=1))[0]
+    assert hit.span is not None and hit.similarity is not None
+    return hit.memory.text, hit.memory.text[slice(*hit.span)], hit.similarity
+
+
+def test_reindex_gives_memories_chunked_the_old_way_their_statement_vectors(
+    cli: Cli, backend: Backend, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store_of_the_old_chunking(backend, served, monkeypatch, 9)
+    question = "What did we agree on for the release train?"
+    text, chunk, before = asyncio.run(_with(backend.make(), lambda s: _best(s, question)))
+    gate = load_settings(env={}).embeddings_min_similarity
+    assert chunk == OLD_FACT and before < gate  # diluted by the task: under the default gate
+    served.upstream.embedding_requests.clear()
+
+    code, out, err = cli("reindex")
+
+    assert code == 0, err
+    assert "embedded 1 memories with fake-embedder" in out  # the others are chunked as today
+    assert "10/10 (100%)" in err  # every memory was looked at
+    sent = [t for r in served.upstream.embedding_requests for t in r.json["input"]]
+    assert STATEMENT in sent and OLD_FACT not in sent  # the prompt's own vector is reused
+    text, chunk, after = asyncio.run(_with(backend.make(), lambda s: _best(s, question)))
+    assert (text, chunk) == (OLD_FACT, STATEMENT)
+    assert after >= gate
+    # Idempotent: a second run finds every memory chunked as today and embeds nothing.
+    served.upstream.embedding_requests.clear()
+    assert cli("reindex")[1].strip() == "every memory has a vector of fake-embedder"
+    assert served.upstream.embedding_requests == []
 
 
 def test_reindex_without_an_embeddings_url_says_so(

@@ -290,12 +290,13 @@ async def test_closed_store_raises_store_error(backend: Backend) -> None:
 MODEL = "fake-embedder"
 
 
-def _rows(memory: Memory, *chunks: tuple[int, int, list[float]]) -> list[VectorRow]:
+def _rows(memory: Memory, *chunks: tuple[int, int, list[float]],
+          model: str = MODEL) -> list[VectorRow]:
     out = []
     for n, (start, end, values) in enumerate(chunks):
         vector = np.asarray(values, dtype=np.float32)
         vector /= np.linalg.norm(vector)
-        out.append(VectorRow(memory.memory_id, n, start, end, MODEL, f"{memory.key}-{n}",
+        out.append(VectorRow(memory.memory_id, n, start, end, model, f"{memory.key}-{n}",
                              pack(vector)))
     return out
 
@@ -379,6 +380,24 @@ async def test_vectors_are_found_by_digest_and_unembedded_is_a_cursor(store: Sto
     rest = await store.unembedded(MODEL, after=first[-1].memory_id, limit=10)
     assert [m.memory_id for m in first + rest] == ids
     assert await store.count_unembedded(MODEL) == 4
+
+
+async def test_vector_spans_walks_every_record_with_its_chunks_in_order(store: Store) -> None:
+    stored = await store.upsert([mem(f"text {n}", f"k{n}") for n in range(3)]
+                                + [mem("working", "w", type="working")])
+    await store.put_vectors(_rows(stored[1], (0, 4, [1, 0]), (5, 6, [0, 1])))
+    await store.put_vectors(_rows(stored[2], (0, 6, [1, 0]), model="another-model"))
+
+    first = await store.vector_spans(MODEL, limit=2)
+    rest = await store.vector_spans(MODEL, after=first[-1][0].memory_id, limit=10)
+
+    by_id = {m.memory_id: spans for m, spans in first + rest}
+    assert list(by_id) == sorted(m.memory_id for m in stored[:3])  # working memory is not
+    assert by_id[stored[1].memory_id] == [(0, 4), (5, 6)]
+    assert by_id[stored[0].memory_id] == by_id[stored[2].memory_id] == []  # none of MODEL
+    walked = {m.memory_id: m for m, _ in first + rest}
+    assert [walked[m.memory_id].text for m in stored[:3]] == ["text 0", "text 1", "text 2"]
+    assert await store.count_embeddable() == 3
 
 
 async def test_vectors_of_a_memory_that_is_gone_are_not_stored(store: Store) -> None:
