@@ -199,9 +199,9 @@ class Settings(BaseSettings):
     memory_tokens: int = Field(1200, ge=0, description="Token budget of the memory blocks.")
     memory_placement: Literal["split", "instructions"] = Field(
         "split",
-        description="split: slow blocks in instructions, each turn's recall before its own "
-        "prompt (kept there while the turn is in the window); instructions: everything in "
-        "instructions.",
+        description="split: slow blocks in a message before the first forwarded turn (changed "
+        "only by a cut), each turn's recall before its own prompt (kept there while the turn "
+        "is in the window); instructions: everything in instructions.",
     )
     weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")

@@ -10,6 +10,8 @@ turn is in the forwarded window: later requests re-insert the same bytes, so the
 history only grows between window cuts and the provider's prompt cache keeps all of it. The
 messages are kept per turn (a key derived from the history: the prompt's digest and position)
 in a bounded LRU; a replica without them leaves them out, which is correct, just less cached.
+The standing block (working and semantic memory) goes before the first forwarded turn and is
+pinned there until the window cuts, so it never breaks the cache on its own.
 """
 
 from __future__ import annotations
@@ -169,6 +171,10 @@ class MemoryStep:
             tuple[Scope, str], tuple[object, tuple[list[Memory], int]]
         ] = LRUCache(STANDING_CACHED)
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
+        # (scope, session) -> (the first forwarded turn, the standing message put before it)
+        self._pinned: LRUCache[
+            tuple[Scope, str], tuple[TurnKey, dict[str, Any] | None]
+        ] = LRUCache(STANDING_CACHED)
 
     async def __call__(self, ex: Exchange) -> None:
         if ex.items is None or not ex.history.turns or ex.history_is_foreign:
@@ -378,33 +384,48 @@ class MemoryStep:
                 ex.body = append_block(ex.body, text)
                 ex.changed = True
             return
-        if prepared.standing:
-            ex.body = append_block(ex.body, prepared.standing)
-            ex.changed = True
         items = ex.items
         forwarded = _forwarded_turns(ex, scope, session)
         if items is None or not forwarded or prepared.degraded:
             return  # a failing store: no memory at all, not even the kept messages
-        # Each turn's recall message goes back where it was first put: the earlier turns'
-        # from the LRU, the newest turn's from this turn's preparation.
-        messages: dict[int, dict[str, Any]] = {}
+        # Before each position, the messages that go there: the standing block before the
+        # first forwarded turn, each turn's recall message before its prompt (the earlier
+        # turns' from the LRU, the newest turn's from this turn's preparation).
+        messages: dict[int, list[dict[str, Any]]] = {}
+        standing = self._standing_message(scope, session, forwarded[0][1], prepared.standing)
+        if standing is not None:
+            messages[forwarded[0][0]] = [standing]
+        kept = 0
         for at, key in forwarded[:-1]:
             shown = self._shown.get(key)
             if shown is not None and shown.message is not None:
-                messages[at] = shown.message
-        ex.notes.recall_kept = len(messages)
+                messages.setdefault(at, []).append(shown.message)
+                kept += 1
+        ex.notes.recall_kept = kept
         if prepared.message is not None:
-            messages[forwarded[-1][0]] = prepared.message
+            messages.setdefault(forwarded[-1][0], []).append(prepared.message)
         if not messages:
             return
         out: list[Item] = []
         for at, item in enumerate(items):
-            message = messages.get(at)
-            if message is not None:
-                out.append(message)
+            out.extend(messages.get(at, ()))
             out.append(item)
-        # Each message stands right before its turn's prompt: the prompts move down.
-        before = sorted(messages)
+        # The messages stand right before their turns' prompts: the prompts move down.
+        before = [at for at, inserted in sorted(messages.items()) for _ in inserted]
         ex.starts = [at + bisect_right(before, at) for at in ex.starts]
         ex.body = {**ex.body, "input": out}
         ex.changed = True
+
+    def _standing_message(
+        self, scope: Scope, session: str, first: TurnKey, text: str
+    ) -> dict[str, Any] | None:
+        """The standing block as a message before the first forwarded turn: pinned, byte for
+        byte, until the window cuts (the first forwarded turn changes). A new memory waits for
+        the cut, where the prompt cache breaks anyway: in ``instructions``, a block that
+        changed re-read the whole prompt after them, the agent's own context included."""
+        pinned = self._pinned.get((scope, session))
+        if pinned is not None and pinned[0] == first:
+            return pinned[1]
+        message = _developer_message(text) if text else None
+        self._pinned[(scope, session)] = (first, message)
+        return message

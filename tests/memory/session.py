@@ -99,16 +99,38 @@ def codex_text(item: Item) -> str:
 
 
 def developer_memory(body: dict[str, Any]) -> list[tuple[int, str]]:
-    """(position, text) of the developer messages holding recalled memory."""
+    """(position, text) of the recall messages: the developer messages holding recalled
+    memory, the standing block left out."""
+    standing = _standing_at(body)
     return [
         (n, codex_text(i)) for n, i in enumerate(body["input"])
-        if i.get("role") == "developer" and "_memory" in codex_text(i)
+        if n != standing and i.get("role") == "developer" and "_memory" in codex_text(i)
     ]
 
 
+def standing_memory(body: dict[str, Any]) -> str:
+    """The standing block (working and semantic memory), "" when there is none: a developer
+    message right after the context (and the cut turns' digest), before the first turn."""
+    at = _standing_at(body)
+    return "" if at is None else codex_text(body["input"][at])
+
+
+def _standing_at(body: dict[str, Any]) -> int | None:
+    items = body["input"]
+    at = len(codex.context_items())
+    if at < len(items) and codex_text(items[at]).startswith("<earlier_turns"):
+        at += 1
+    if at >= len(items) or items[at].get("role") != "developer":
+        return None
+    text = codex_text(items[at])
+    slow = "<working_memory" in text or "<semantic_memory" in text
+    return at if slow and "<episodic_memory" not in text else None
+
+
 def memory_text(body: dict[str, Any]) -> str:
-    """Everything the proxy injected: instructions, recall messages, the cut turns' digest."""
-    parts = [body.get("instructions") or ""]
+    """Everything the proxy injected: instructions, the standing block, recall messages, the
+    cut turns' digest."""
+    parts = [body.get("instructions") or "", standing_memory(body)]
     parts += [text for _, text in developer_memory(body)]
     parts += [codex_text(i) for i in body["input"] if i.get("role") == "developer"
               and codex_text(i).startswith("<earlier_turns")]

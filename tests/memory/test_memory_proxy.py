@@ -28,6 +28,7 @@ from tests.memory.session import (
     post,
     runtime,
     settle,
+    standing_memory,
     user_texts,
 )
 
@@ -92,11 +93,12 @@ async def test_preference_from_earlier_sessions_is_in_the_first_request_of_the_n
 
     sent = await Session(proxy, upstream, session_id="next").say("Write a release script.")
 
-    instructions = sent.get("instructions") or ""
-    assert "<semantic_memory" in instructions
-    assert "Use Python, not Node, for the build scripts." in instructions
+    standing = standing_memory(sent)
+    assert "<semantic_memory" in standing
+    assert "Use Python, not Node, for the build scripts." in standing
     assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}" source="distilled from '
-                     r'user statements">Use Python', instructions)
+                     r'user statements">Use Python', standing)
+    assert "semantic_memory" not in (sent.get("instructions") or "")  # the front is the agent's
 
 
 async def test_a_preference_said_once_stays_out_of_semantic_memory(
@@ -215,9 +217,9 @@ async def test_episodes_know_whether_they_are_still_in_the_window(
     assert flags == {0: False, 1: False, 2: False, 3: True, 4: True}
 
 
-def _recall_at(items: list[dict[str, object]]) -> int | None:
-    return next((n for n, item in enumerate(items) if item.get("role") == "developer"
-                 and "_memory" in str(item.get("content"))), None)
+def _recall_at(body: dict[str, Any]) -> int | None:
+    """Where the first recall message is (the standing block before it stays put)."""
+    return next((n for n, _ in developer_memory(body)), None)
 
 
 async def test_requests_between_cuts_share_their_prefix_up_to_the_recall_message(
@@ -241,7 +243,7 @@ async def test_requests_between_cuts_share_their_prefix_up_to_the_recall_message
             cuts += 1  # the window moved: a new prefix starts here
             continue
         assert after.get("instructions") == before.get("instructions")
-        end = _recall_at(before["input"])
+        end = _recall_at(before)
         recalls += end is not None
         assert after["input"][: end or len(before["input"])] == before["input"][: end]
         if n % 2 == 0:  # the tool loop of one turn: the whole first request is a prefix
@@ -249,8 +251,8 @@ async def test_requests_between_cuts_share_their_prefix_up_to_the_recall_message
     # Turns 6 to 10 with a slack of 3 cut once (at turn 7): 8 of 9 pairs share a prefix.
     assert cuts == 1
     assert recalls >= 4
-    assert "Never commit to main." not in (sent[0].get("instructions") or "")
-    assert "Never commit to main." in sent[-1]["instructions"]
+    assert "Never commit to main." not in standing_memory(sent[0])
+    assert "Never commit to main." in standing_memory(sent[-1])
 
 
 async def test_every_request_of_a_turn_gets_the_same_memory_bytes(
@@ -395,7 +397,7 @@ async def test_a_real_codex_session_is_remembered_and_recalled(
     newest = sent["input"][position + 1]["content"][0]["text"]
     assert newest == "turn 7: please continue (mode text)"
     assert "<episodic_memory" in text
-    working = sent["instructions"]
+    working = standing_memory(sent)
     assert "turn 1: run echo hi" in working  # the task, cut from the window
 
 

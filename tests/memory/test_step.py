@@ -97,6 +97,7 @@ async def test_a_turn_recalls_once_and_its_tool_loop_reuses_the_bytes(rig: Rig) 
         await rig.queue.join()
     items = history(*prompts, "Which port is the database on?")
     first = await rig.run(items, turn_id="t5")
+    await rig.queue.join()  # the turn's own writes are done: only a recall could fail now
     await rig.store.close()  # a second recall would now fail
 
     loop = [*items, *codex.tool_turn("x")[1:-1]]

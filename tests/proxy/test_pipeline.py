@@ -70,7 +70,8 @@ def effects(upstream: FakeUpstream) -> dict[str, bool]:
     return {
         "window": len(prompts) == 2,
         "knowledge": "<knowledge_tools>" in instructions,
-        "memory": FACT in instructions,
+        "memory": any(FACT in str(i.get("content")) for i in body["input"]
+                      if i.get("role") == "developer"),
     }
 
 
