@@ -33,7 +33,7 @@ from tests.fakes.upstream import FakeUpstream, Received
 from tests.knowledge.fake_core import FakeCore
 from tests.knowledge.wikis import add_wiki, ctxproxy, write_wiki
 from tests.memory.conftest import require_pg_url, with_search_path
-from tests.memory.session import developer_memory, memory_text, runtime, settle
+from tests.memory.session import developer_memory, memory_text, runtime, settle, standing_memory
 
 Capsys = pytest.CaptureFixture[str]
 Item = dict[str, Any]
@@ -267,7 +267,10 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
 
     instructions = parse_blocks(sent["instructions"])
     tags = [el.tag for el in instructions]
-    assert tags.count("knowledge_tools") == 1 and tags.count("working_memory") == 1
+    # Split: the standing block is a message of its own before the first kept turn.
+    standing = parse_blocks(standing_memory(sent)) if placement == "split" else instructions
+    assert tags.count("knowledge_tools") == 1
+    assert [el.tag for el in standing].count("working_memory") == 1
     assert len(set(tags)) == len(tags)  # one block of each kind
     wiki = instructions.find("knowledge_tools/knowledge")
     assert wiki is not None
@@ -285,6 +288,8 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
         recall = instructions
         assert tags.count("episodic_memory") == 1
     memories = [*instructions.iter("memory"), *recall.iter("memory")]
+    if placement == "split":
+        memories += standing.iter("memory")
     texts = [squash(m.text or "") for m in memories]
     for payload in HOSTILE:
         assert any(squash(payload) in t for t in texts), payload
@@ -297,9 +302,11 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
     texts = [i["content"][0]["text"] for i in added]
     digests = [parse_blocks(t) for t in texts if t.startswith("<earlier_turns")]
     assert len(digests) <= 1
-    recalls = [t for t in texts if not t.startswith("<earlier_turns")]
+    recalls = [t for t in texts if not t.startswith(("<earlier_turns", "<working_memory"))]
     assert len(recalls) == (1 if placement == "split" else 0)
     assert all(t.startswith("<episodic") for t in recalls)
+    for standing_text in (t for t in texts if t.startswith("<working_memory")):
+        parse_blocks(standing_text)  # escaped inside its block too
 
 
 # --- secrets -------------------------------------------------------------------------------------

@@ -125,10 +125,12 @@ def real_prompts(body: dict[str, Any]) -> list[str]:
 
 
 def context_prefix(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The items before the first prompt, but for the digest of cut turns the proxy adds."""
+    """The items before the first prompt, but for what the proxy puts there: the digest of
+    cut turns, the standing memory block."""
     items: list[dict[str, Any]] = body["input"]
     first = next(n for n, item in enumerate(items) if is_turn_start(item))
-    return [i for i in items[:first] if not message_text(i).startswith("<earlier_turns")]
+    added = ("<earlier_turns", "<working_memory", "<semantic_memory")
+    return [i for i in items[:first] if not message_text(i).startswith(added)]
 
 
 def call_ids(body: dict[str, Any], kind: str = "function_call") -> list[str]:
