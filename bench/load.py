@@ -450,8 +450,8 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
            f"(`CTXPROXY_WORKERS={args.workers} python -m proxy serve`)."),
         f"The sessions go on from a {args.warmup_seconds:g} s warm-up, which is not counted in "
-        "the rows but its own (every session new to the proxy, all arriving within a second: "
-        "as after a restart).",
+        "the rows but its own (every session new to the proxy, all arriving within one answer's "
+        "time: as after a restart).",
         "",
         "| | requests | errors | requests/s | TTFB p50 ms | TTFB p99 ms | stream p50 ms "
         "| stream p99 ms |",
