@@ -360,7 +360,7 @@ async def stored_episodes(data_dir: Path, store_url: str | None) -> int:
 @dataclass
 class Outcome:
     direct: Run
-    warm: Run  # the proxy's warm-up: every session new to it, arriving within a second
+    warm: Run  # the proxy's warm-up: every session new to it, arriving within one answer
     proxied: Run
     rss_peak_kib: int
     rss_end_kib: int

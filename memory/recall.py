@@ -96,7 +96,6 @@ class Found:
     query: str
     now: float
     session: str
-    scope: Scope
     searched: list[list[Hit]] = field(default_factory=list)  # the prompt's, each question's
     recent: list[Memory] = field(default_factory=list)  # the session's latest turns
     near: list[list[Hit]] = field(default_factory=list)  # each question's, by meaning
@@ -329,7 +328,7 @@ class Recaller:
         is shown of it is decided by ``pick``, which needs the standing selection: a turn
         reads both concurrently."""
         if self.k <= 0:
-            return Found(query, now, session, scope)
+            return Found(query, now, session)
         # A long prompt is searched as a whole and by each of its questions: the words of
         # the question are what the memory shares, the rest says what the task is about.
         asked, ids = await self._offload(_read_query, query)
@@ -347,7 +346,7 @@ class Recaller:
         )
         # get() looks across every scope: never let another scope's memory through.
         mentioned = [m for m in named if m is not None and m.scope == scope and _alive(m, now)]
-        return Found(query, now, session, scope, list(found), recent, near, mode, mentioned)
+        return Found(query, now, session, list(found), recent, near, mode, mentioned)
 
     async def pick(
         self,

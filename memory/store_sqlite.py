@@ -349,14 +349,13 @@ class SqliteStore:
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         executor, self._executor = self._executor, None
-        lanes = [lane for lane in (self._readers, self._searchers) if lane is not None]
-        self._readers = self._searchers = None
-        if lanes:
-            for lane in lanes:
+        lanes, self._readers, self._searchers = (self._readers, self._searchers), None, None
+        for lane in lanes:
+            if lane is not None:
                 await asyncio.to_thread(lane.shutdown, wait=True)
-            for reader in self._reader_conns:
-                reader.close()
-            self._reader_conns.clear()
+        for reader in self._reader_conns:
+            reader.close()
+        self._reader_conns.clear()
         if executor is None:
             return
         if conn is not None:
