@@ -24,7 +24,9 @@ _DROP = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 def create_app(upstream: str, client: str = "aiohttp") -> web.Application:
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[SESSION] = aiohttp.ClientSession(auto_decompress=False)
+        # No cap on connections (aiohttp's default is 100): ctxproxy has none either.
+        app[SESSION] = aiohttp.ClientSession(
+            auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
         yield
         await app[SESSION].close()
 
@@ -45,7 +47,7 @@ def create_app(upstream: str, client: str = "aiohttp") -> web.Application:
         return web.Response(text="ok")
 
     async def httpx_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[HTTPX] = httpx.AsyncClient(timeout=None)
+        app[HTTPX] = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
         yield
         await app[HTTPX].aclose()
 

@@ -15,14 +15,16 @@ same turn id; after ``--turns`` turns a new thread starts. So the window cuts (f
 every finished turn is ingested, recall runs on every new turn and the knowledge block goes
 into every request.
 
-The same load first goes straight to the upstream (the baseline), then through the proxy: a
-warm-up (its own row: every session new to the proxy, as after a restart) from which the same
-sessions go on into the measured run. Reported: errors (a status other than 200, a stream that
-is cut or not the upstream's bytes, a timeout; must be 0), requests per second, time to first
-byte and to the end of the stream both ways and their difference (the latency the proxy adds),
-the proxy's peak RSS (VmHWM) and CPU, and from its /metrics what the window, memory and
-knowledge did. With ``--workers N`` (N > 1) RSS and CPU are summed over the supervisor and
-its workers, and /metrics is one worker's (each has its own registry; a scrape reaches one).
+The same load first goes straight to the upstream (the baseline), then through a bare aiohttp
+relay (bench/_naive.py: what any Python relay adds on these cores, for reference), then through
+the proxy: a warm-up (its own row: every session new to the proxy, as after a restart) from
+which the same sessions go on into the measured run. Reported: errors (a status other than
+200, a stream that is cut or not the upstream's bytes, a timeout; must be 0), requests per
+second, time to first byte and to the end of the stream both ways and their difference (the
+latency the proxy adds), the proxy's peak RSS (VmHWM) and CPU, and from its /metrics what the
+window, memory and knowledge did. With ``--workers N`` (N > 1) RSS and CPU are summed over the
+supervisor and its workers, and /metrics is one worker's (each has its own registry; a scrape
+reaches one).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ TEAM = "team-load"
 AGENTS = ("agent-a", "agent-b", "agent-c", "agent-d")
 SCRIPTS = 16  # distinct thread scripts; every thread gets its own session id
 REQUEST_TIMEOUT_S = 60.0
+RELAY_WARMUP_S = 2.0  # the bare relay's own warm-up (its connections), not counted
 ANSWER_EVENTS = 70  # the fake upstream's events per answer (bench/_upstream.py)
 Item = dict[str, Any]
 
@@ -370,6 +373,8 @@ class Outcome:
     wiki: str
     degraded: list[str]  # the memory parts that failed at least once
     log_tail: str
+    relay: Run  # the same load through the bare aiohttp relay
+    relay_cpu_s: float
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
@@ -394,6 +399,7 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
                                 args.pace_ms, seed=1, jitter=args.jitter)
+        relay, relay_cpu = await bare_relay(args, upstream, workdir, scripts)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
                             settings)
         pids = tree(proxy.popen.pid)
@@ -420,7 +426,28 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     # The memory side logs the first failure of each part (and its recovery).
     degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
     return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
-                   log[-3000:])
+                   log[-3000:], relay, relay_cpu)
+
+
+async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
+                     scripts: Sequence[Script]) -> tuple[Run, float]:
+    """The same load through the least an aiohttp proxy can do (bench/_naive.py, one
+    process): what any Python relay adds on these cores, and its CPU."""
+    port = free_port()
+    naive = start("naive", [sys.executable, "-m", "bench._naive", "--port", str(port),
+                            "--upstream", upstream.url.rsplit("/", 1)[0]],
+                  _server_env({}), port, workdir)
+    try:
+        pids = tree(naive.popen.pid)
+        cpu_at: list[float] = []
+        print(f"bare relay: {args.sessions} sessions for {args.direct_seconds:.0f} s ...",
+              flush=True)
+        _, run = await drive(naive.url, args.sessions, args.direct_seconds, scripts,
+                             args.pace_ms, seed=2, jitter=args.jitter, warmup=RELAY_WARMUP_S,
+                             measuring=lambda: cpu_at.append(tree_cpu_s(pids)))
+        return run, tree_cpu_s(pids) - cpu_at[0]
+    finally:
+        stop(naive)
 
 
 def _q(values: Sequence[float], q: float) -> float:
@@ -432,7 +459,7 @@ def _q(values: Sequence[float], q: float) -> float:
 
 
 def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
-    d, p, m = o.direct, o.proxied, o.metrics
+    d, p, m, r0 = o.direct, o.proxied, o.metrics, o.relay
     errors = sum(p.errors.values())
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join([".venv/bin/python -m bench.load", *args.argv])
@@ -457,30 +484,36 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         "| stream p99 ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    rows = (("direct (baseline)", d), ("through ctxproxy", p),
-            ("*warm-up through ctxproxy*", o.warm))
+    rows = (("direct (baseline)", d), ("through the bare aiohttp relay", r0),
+            ("through ctxproxy", p), ("*warm-up through ctxproxy*", o.warm))
     for name, r in rows:
         lines.append(
             f"| {name} | {r.ok + sum(r.errors.values()):,} | {sum(r.errors.values())} "
             f"| {r.ok / r.seconds:.0f} | {_q(r.ttfb, .5):.1f} | {_q(r.ttfb, .99):.1f} "
             f"| {_q(r.total, .5):.0f} | {_q(r.total, .99):.0f} |"
         )
-    lines.append(
+    lines += [
+        f"| added by the bare relay | | | | {_q(r0.ttfb, .5) - _q(d.ttfb, .5):.1f} "
+        f"| {_q(r0.ttfb, .99) - _q(d.ttfb, .99):.1f} "
+        f"| {_q(r0.total, .5) - _q(d.total, .5):.0f} "
+        f"| {_q(r0.total, .99) - _q(d.total, .99):.0f} |",
         f"| **added by ctxproxy** | | | | **{_q(p.ttfb, .5) - _q(d.ttfb, .5):.1f}** "
         f"| **{_q(p.ttfb, .99) - _q(d.ttfb, .99):.1f}** "
-        f"| {_q(p.total, .5) - _q(d.total, .5):.0f} | {_q(p.total, .99) - _q(d.total, .99):.0f} |"
-    )
+        f"| {_q(p.total, .5) - _q(d.total, .5):.0f} | {_q(p.total, .99) - _q(d.total, .99):.0f} |",
+    ]
     recalls = m.get("ctxproxy_memory_recall_seconds_count", 0.0)
     recall_ms = 1000 * m.get("ctxproxy_memory_recall_seconds_sum", 0.0) / max(recalls, 1.0)
     lines += [
         "",
         f"- Errors through the proxy: **{errors}**"
-        + (f" ({dict(p.errors)})" if errors else "") + f"; direct: {sum(d.errors.values())}.",
+        + (f" ({dict(p.errors)})" if errors else "") + f"; direct: {sum(d.errors.values())}; "
+        f"the bare relay: {sum(r0.errors.values())}.",
         f"- Proxy peak RSS (VmHWM{', summed over its processes' if args.workers > 1 else ''}): "
         f"**{o.rss_peak_kib / 1024:.0f} MiB** (VmRSS at the end "
         f"{o.rss_end_kib / 1024:.0f} MiB); proxy CPU {o.proxy_cpu_s:.1f} s over the "
         f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of one core, "
-        f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request).",
+        f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request); the bare relay's "
+        f"{1000 * o.relay_cpu_s / max(r0.ok, 1):.1f} ms per request.",
         "- From the proxy's /metrics (warm-up included"
         + (f"; one worker's of {args.workers}" if args.workers > 1 else "") + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
