@@ -58,6 +58,7 @@ class Access:
     bytes_in: int | None = None
     bytes_forwarded: int | None = None
     forwarded_ratio: float | None = None
+    prepare_ms: float | None = None  # from the handler's start until it went upstream
     ttfb_ms: float | None = None
     upstream_error: str | None = None
     input_tokens: int | None = None
@@ -304,6 +305,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     app = request.app
     info = request[ACCESS]
     at = app[CLOCK]()
+    began = time.perf_counter()
     raw = await read_body(request)
     body = raw
     ex: Exchange | None = None
@@ -331,6 +333,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
     request[SENT] = Sent(at, raw, body, ex)
+    info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
     return await relay(request, "responses", body, tap_usage=True)
 
 

@@ -55,6 +55,7 @@ async def test_access_log_has_one_line_per_request_without_secrets(
     assert entry["bytes_in"] == len(json.dumps(codex.request(codex.session(6))))
     assert entry["input_tokens"] > 0 and "cached_tokens" in entry
     assert "ttfb_ms" in entry
+    assert 0 <= entry["prepare_ms"] <= entry["total_ms"]  # held before it went upstream
     everything = "\n".join(json.dumps(getattr(r, "fields", {})) + r.getMessage()
                            for r in caplog.records)
     assert "SECRET" not in everything and "sk-client-test" not in everything
