@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import orjson
+from cachetools import LRUCache
 
 from config.files import WriteLock, private_file, wal
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
@@ -259,6 +260,11 @@ _CACHE_KIB = 32 * 1024
 READERS = 2
 SEARCHERS = 2
 _KEYS_PER_QUERY = 500  # under SQLite's bound on a statement's parameters
+# A word's match count in a scope (up to a cap) ranks the question's words and weighs them
+# (IDF): a count some seconds old does as well, and saves a full-text probe per word. A
+# word that matched nothing is counted again each time: a memory stored since may hold it.
+MATCH_COUNTS_TTL_S = 30.0
+MATCH_COUNTS_CACHED = 16384
 _VECTORS_SINCE = f"""
 SELECT v.seq, v.memory_id, v.chunk, v.start_at, v.end_at, v.vector
 FROM memory_vectors v CROSS JOIN memories m ON m.memory_id = v.memory_id
@@ -291,6 +297,7 @@ class SqliteStore:
         self._local = threading.local()  # each thread's connection
         self._lock = WriteLock(self.path)  # one writing process at a time (WORKERS)
         self._vectors = VectorIndex()
+        self._matches = MatchCounts()
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -488,8 +495,15 @@ class SqliteStore:
         self, scope: Scope, words: list[str], types: list[str], limit: int, now: float
     ) -> list[Hit]:
         db = self._db()
+        token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
         within = _within(scope)
-        total, counted = _rarest(db, words, within)
+        total = int(db.execute("SELECT max(id) FROM memories").fetchone()[0] or 0)
+
+        def count(some: Sequence[str], cap: int) -> builtins.list[int]:
+            return self._matches.counts(
+                token, some, cap, lambda missing: _counts(db, missing, cap, within))
+
+        counted = _rarest(count, words)
         if not counted:
             return []  # no word of the query is in any memory of the scope
         df = [n for n, _ in counted]
@@ -764,36 +778,68 @@ def _statements(script: str) -> list[str]:
 
 
 def _rarest(
-    db: sqlite3.Connection, words: Sequence[str], within: Callable[[str], str]
-) -> tuple[int, list[tuple[int, str]]]:
-    """About how many records there are, and the ``MAX_WORDS`` rarest words that match at
-    all, with their match counts (up to ``BUDGET + 1``), rarest first. Counted with a low cap
+    count: Callable[[Sequence[str], int], builtins.list[int]], words: Sequence[str]
+) -> builtins.list[tuple[int, str]]:
+    """The ``MAX_WORDS`` rarest words that match at all, with their match counts (``count``:
+    each word's, up to a cap; up to ``BUDGET + 1``), rarest first. Counted with a low cap
     first, since a long prompt's rare words are usually enough."""
     low = BUDGET // MAX_WORDS + 1
-    total, *first = _counts(db, words, low, within)
+    first = count(words, low)
     # A word no memory holds finds nothing: a long prompt's new names and typos would
     # otherwise be its "rarest" words and leave the search empty.
     counted = [c for c in zip(first, words, strict=True) if c[0] > 0]
     rare = [c for c in counted if c[0] < low]
     common = [w for n, w in counted if n >= low]
     if len(rare) < MAX_WORDS and common:
-        _, *again = _counts(db, common, BUDGET + 1, within)
+        again = count(common, BUDGET + 1)
         rare += zip(again, common, strict=True)
     # The commonest words of a long prompt say least about which memory is meant.
-    return total, sorted(rare, key=lambda c: c[0])[:MAX_WORDS]
+    return sorted(rare, key=lambda c: c[0])[:MAX_WORDS]
 
 
 def _counts(
     db: sqlite3.Connection, words: Sequence[str], cap: int, within: Callable[[str], str]
-) -> list[int]:
-    """The largest rowid (about how many records), then each word's matches in the scope up
-    to ``cap``."""
+) -> builtins.list[int]:
+    """Each word's matches in the scope, up to ``cap``."""
     each = ", ".join(
         f"(SELECT count(*) FROM ({_MATCH} :w{i} LIMIT :cap))" for i in range(len(words))
     )
     params: dict[str, object] = {f"w{i}": within(_phrase(w)) for i, w in enumerate(words)}
-    row = db.execute(f"SELECT (SELECT max(id) FROM memories), {each}", {**params, "cap": cap})
+    row = db.execute(f"SELECT {each}", {**params, "cap": cap})
     return [int(n or 0) for n in row.fetchone()]
+
+
+class MatchCounts:
+    """Words' match counts per (scope, cap), each kept for ``ttl_s`` (see MATCH_COUNTS_TTL_S);
+    a count of 0 is never kept. Shared by the search threads."""
+
+    def __init__(self, ttl_s: float = MATCH_COUNTS_TTL_S, size: int = MATCH_COUNTS_CACHED,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._kept: LRUCache[tuple[str, int, str], tuple[int, float]] = LRUCache(size)
+        self._lock = threading.Lock()
+
+    def counts(self, scope: str, words: Sequence[str], cap: int,
+               count: Callable[[Sequence[str]], builtins.list[int]]) -> builtins.list[int]:
+        """Each of ``words``' count in ``scope`` up to ``cap``: kept, or by ``count`` (which
+        is asked only the words not kept)."""
+        now = self._clock()
+        found: dict[str, int] = {}
+        with self._lock:
+            for word in words:
+                kept = self._kept.get((scope, cap, word))
+                if kept is not None and now - kept[1] < self._ttl_s:
+                    found[word] = kept[0]
+        missing = [w for w in dict.fromkeys(words) if w not in found]
+        if missing:
+            fresh = count(missing)
+            found.update(zip(missing, fresh, strict=True))
+            with self._lock:
+                for word, n in zip(missing, fresh, strict=True):
+                    if n:
+                        self._kept[(scope, cap, word)] = (n, now)
+        return [found[w] for w in words]
 
 
 def _candidates_sql(

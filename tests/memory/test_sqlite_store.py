@@ -8,6 +8,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import hypothesis
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from memory import store_sqlite
 from memory.model import Memory, Scope, StoreError
-from memory.store_sqlite import MIGRATIONS, SqliteStore, _words_like
+from memory.store_sqlite import MIGRATIONS, MatchCounts, SqliteStore, _words_like
 
 SCOPE = Scope("svc")
 
@@ -183,3 +184,29 @@ def test_reranking_counts_the_words_a_leading_word_boundary_would(text: str) -> 
     words = ["rat", "rate"]
     alternatives = "(?:" + "|".join(words) + r")[^\W_]*"
     assert _words_like(re.compile(alternatives), text) == re.findall(r"\b" + alternatives, text)
+
+
+# --- match counts kept between searches ---------------------------------------------------
+
+
+def test_match_counts_are_kept_for_their_ttl_and_only_what_is_missing_is_counted() -> None:
+    now = [0.0]
+    counted: list[list[str]] = []
+
+    def count(words: Sequence[str]) -> list[int]:
+        counted.append(list(words))
+        return [{"deploy": 7, "script": 3, "zanzibar": 0}[w] for w in words]
+
+    counts = MatchCounts(ttl_s=30.0, clock=lambda: now[0])
+    assert counts.counts("s", ["deploy", "zanzibar"], 126, count) == [7, 0]
+    now[0] = 29.0
+    assert counts.counts("s", ["deploy", "script", "zanzibar"], 126, count) == [7, 3, 0]
+    # Kept: deploy; counted again: the new word, and the word that matched nothing.
+    assert counted == [["deploy", "zanzibar"], ["script", "zanzibar"]]
+    # Another scope, another cap: counts of their own.
+    counts.counts("t", ["deploy"], 126, count)
+    counts.counts("s", ["deploy"], 1001, count)
+    assert counted[2:] == [["deploy"], ["deploy"]]
+    now[0] = 30.5  # deploy's count (taken at 0) is too old now; script's (at 29) is not
+    counts.counts("s", ["deploy", "script"], 126, count)
+    assert counted[4:] == [["deploy"]]

@@ -147,6 +147,18 @@ async def test_a_long_prompt_whose_rarest_words_no_memory_holds_still_finds(
     assert await store.search(SCOPE, unknown, now=T0) == []
 
 
+async def test_a_word_no_memory_held_is_found_as_soon_as_one_holds_it(store: Store) -> None:
+    # Searches keep their words' match counts a while (SQLite); never a count of nothing.
+    await store.upsert([mem("the deploy script runs on the replica", "deploy")])
+    assert [h.memory.key for h in await store.search(SCOPE, "deploy zanzibar", now=T0)] == [
+        "deploy"]
+    await store.upsert([mem("zanzibar is the codename of the billing rewrite", "codename")])
+
+    hits = await store.search(SCOPE, "deploy zanzibar", now=T0)
+
+    assert {h.memory.key for h in hits} == {"deploy", "codename"}
+
+
 async def test_search_ranks_the_better_match_first(store: Store) -> None:
     await store.upsert([
         mem("deploy notes: the staging cluster runs in Frankfurt", "one-word"),
