@@ -135,3 +135,12 @@ def test_the_shared_runs_load_as_tasks() -> None:
     assert len(tasks) == 10
     assert all(t.steps and t.steps[0].command for t in tasks)
     assert bench.build_session(tasks[:5]).asks  # at least one earlier patch can be asked for
+
+
+def test_every_run_of_tasks_gets_a_session_id_of_its_own() -> None:
+    # Two tasks once shared one (a weak checksum), and so one memory store in the replay.
+    names = [f"django__django-{n}" for n in range(10000, 16000)]
+    assert len({bench.stable_thread([n]) for n in names}) == len(names)
+    assert bench.stable_thread(["django__django-11149"]) != bench.stable_thread(
+        ["django__django-15380"])
+    assert bench.stable_thread(["a", "b"]) == bench.stable_thread(["a", "b"])
