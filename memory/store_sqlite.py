@@ -501,7 +501,7 @@ class SqliteStore:
 
         def count(some: Sequence[str], cap: int) -> builtins.list[int]:
             return self._matches.counts(
-                token, some, cap, lambda missing: _counts(db, missing, cap, within))
+                token, some, cap, lambda missing: _counts(db, missing, cap, within), now)
 
         counted = _rarest(count, words)
         if not counted:
@@ -810,26 +810,27 @@ def _counts(
 
 
 class MatchCounts:
-    """Words' match counts per (scope, cap), each kept for ``ttl_s`` (see MATCH_COUNTS_TTL_S);
-    a count of 0 is never kept. Shared by the search threads."""
+    """Words' match counts per (scope, cap), each kept for ``ttl_s`` (see MATCH_COUNTS_TTL_S)
+    of the searches' own clock (their ``now``: a replay's simulated time gives the same
+    results on a fast machine and a slow one); a count of 0 is never kept. Shared by the
+    search threads."""
 
-    def __init__(self, ttl_s: float = MATCH_COUNTS_TTL_S, size: int = MATCH_COUNTS_CACHED,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float = MATCH_COUNTS_TTL_S,
+                 size: int = MATCH_COUNTS_CACHED) -> None:
         self._ttl_s = ttl_s
-        self._clock = clock
         self._kept: LRUCache[tuple[str, int, str], tuple[int, float]] = LRUCache(size)
         self._lock = threading.Lock()
 
     def counts(self, scope: str, words: Sequence[str], cap: int,
-               count: Callable[[Sequence[str]], builtins.list[int]]) -> builtins.list[int]:
-        """Each of ``words``' count in ``scope`` up to ``cap``: kept, or by ``count`` (which
-        is asked only the words not kept)."""
-        now = self._clock()
+               count: Callable[[Sequence[str]], builtins.list[int]],
+               now: float) -> builtins.list[int]:
+        """Each of ``words``' count in ``scope`` up to ``cap`` at ``now``: kept, or by
+        ``count`` (which is asked only the words not kept)."""
         found: dict[str, int] = {}
         with self._lock:
             for word in words:
                 kept = self._kept.get((scope, cap, word))
-                if kept is not None and now - kept[1] < self._ttl_s:
+                if kept is not None and 0 <= now - kept[1] < self._ttl_s:
                     found[word] = kept[0]
         missing = [w for w in dict.fromkeys(words) if w not in found]
         if missing:

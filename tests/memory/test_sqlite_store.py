@@ -190,23 +190,24 @@ def test_reranking_counts_the_words_a_leading_word_boundary_would(text: str) -> 
 
 
 def test_match_counts_are_kept_for_their_ttl_and_only_what_is_missing_is_counted() -> None:
-    now = [0.0]
     counted: list[list[str]] = []
 
     def count(words: Sequence[str]) -> list[int]:
         counted.append(list(words))
         return [{"deploy": 7, "script": 3, "zanzibar": 0}[w] for w in words]
 
-    counts = MatchCounts(ttl_s=30.0, clock=lambda: now[0])
-    assert counts.counts("s", ["deploy", "zanzibar"], 126, count) == [7, 0]
-    now[0] = 29.0
-    assert counts.counts("s", ["deploy", "script", "zanzibar"], 126, count) == [7, 3, 0]
+    counts = MatchCounts(ttl_s=30.0)
+    assert counts.counts("s", ["deploy", "zanzibar"], 126, count, now=100.0) == [7, 0]
+    assert counts.counts("s", ["deploy", "script", "zanzibar"], 126, count, now=129.0) == [
+        7, 3, 0]
     # Kept: deploy; counted again: the new word, and the word that matched nothing.
     assert counted == [["deploy", "zanzibar"], ["script", "zanzibar"]]
     # Another scope, another cap: counts of their own.
-    counts.counts("t", ["deploy"], 126, count)
-    counts.counts("s", ["deploy"], 1001, count)
+    counts.counts("t", ["deploy"], 126, count, now=129.0)
+    counts.counts("s", ["deploy"], 1001, count, now=129.0)
     assert counted[2:] == [["deploy"], ["deploy"]]
-    now[0] = 30.5  # deploy's count (taken at 0) is too old now; script's (at 29) is not
-    counts.counts("s", ["deploy", "script"], 126, count)
-    assert counted[4:] == [["deploy"]]
+    # deploy's count (taken at 100) is too old at 130.5, script's (at 129) is not; a clock
+    # that went back counts afresh.
+    counts.counts("s", ["deploy", "script"], 126, count, now=130.5)
+    counts.counts("s", ["script"], 126, count, now=50.0)
+    assert counted[4:] == [["deploy"], ["script"]]
