@@ -524,6 +524,9 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"{m.get('ctxproxy_fail_open_total', 0):,.0f}; degraded "
         f"{m.get('ctxproxy_degraded_total', 0):,.0f}"
         + (f" ({', '.join(o.degraded)})" if o.degraded else "")
+        + "; memory writes refused or failed: " + ", ".join(
+            f"{m.get(f'ctxproxy_ingest_queue_dropped_total[{r}]', 0):,.0f} {r}"
+            for r in ("jobs", "bytes", "failed"))
         + f". Episodes stored after shutdown: {o.episodes:,}.",
         "- Added latency is the difference of the quantiles of two runs of the same load "
         "(straight to the upstream, then through the proxy), so it includes the CPU the "

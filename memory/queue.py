@@ -1,12 +1,15 @@
-"""The bounded write queue: memory writes leave the request path and are done here, in order.
+"""The bounded write queue: memory writes leave the request path and are done here.
 
-Owned by the app: one worker task, started and drained in the app's cleanup context. The
-queue is bounded twice: by jobs and by bytes (each job says about how much it holds: an
-ingest job keeps its request's parsed history alive until it runs). A job that would pass
-either bound is refused: counted, reported to the health, and made good by the session's
-next request, which derives the same writes again. A job whose write fails is retried once;
-only when the retry fails too is it dropped, counted the same way. Nothing is dropped
-silently.
+Owned by the app: one worker task, started and drained in the app's cleanup context. Jobs of
+one key (a session's) run one at a time, in the order they came; jobs of different keys run
+side by side, up to ``concurrency`` at once: a job spends most of its time waiting (for a
+worker thread, a read, the store's writer), and one at a time the queue fell behind the
+sessions under load. The queue is bounded twice: by jobs and by bytes (each job says about
+how much it holds: an ingest job keeps its request's parsed history alive until it runs). A
+job that would pass either bound is refused: counted, reported to the health, and made good
+by the session's next request, which derives the same writes again. A job whose write fails
+is retried once; only when the retry fails too is it dropped, counted the same way. Nothing
+is dropped silently.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from memory.health import Health
@@ -28,12 +32,22 @@ Job = Callable[[], Awaitable[object]]
 # jobs: the job bound; bytes: the byte budget; failed: the write and its retry failed.
 DropReason = Literal["jobs", "bytes", "failed"]
 RETRY_S = 1.0
+CONCURRENCY = 4
+
+
+@dataclass
+class _Lane:
+    """The jobs of one key not yet done: they run one at a time, in the order put."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    jobs: int = 0
 
 
 class WriteQueue:
-    """At most ``size`` pending jobs and ``max_bytes`` of them, run one at a time by one
-    worker task. A job larger than the whole budget is taken only into an empty queue (so
-    one very long session is still stored), never behind others."""
+    """At most ``size`` pending jobs and ``max_bytes`` of them, run once started: up to
+    ``concurrency`` at once, one at a time per key. A job larger than the whole budget is
+    taken only into an empty queue (so one very long session is still stored), never behind
+    others."""
 
     def __init__(
         self,
@@ -45,39 +59,43 @@ class WriteQueue:
         on_bytes: Callable[[int], None] = lambda n: None,
         on_drop: Callable[[DropReason], None] = lambda reason: None,
         retry_s: float = RETRY_S,
+        concurrency: int = CONCURRENCY,
     ) -> None:
-        self._queue: asyncio.Queue[tuple[Job, int]] = asyncio.Queue(size)
+        self._size = size
+        self._slots = asyncio.Semaphore(concurrency)
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._jobs: set[asyncio.Task[None]] = set()  # put and not done
+        self._started = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._health = health
         self._on_depth = on_depth
         self._on_bytes = on_bytes
         self._on_drop = on_drop
         self._max_bytes = max_bytes
         self._retry_s = retry_s
-        self._worker: asyncio.Task[None] | None = None
-        self.bytes = 0  # the estimated size of the jobs waiting
+        self.bytes = 0  # the estimated size of the jobs not done
         self.dropped = 0
 
     def start(self) -> None:
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._work(), name="ctxproxy-memory-writes")
+        self._started.set()
 
-    def put(self, job: Job, size: int = 0) -> bool:
-        """Queue ``job`` (about ``size`` bytes); False (the job refused, counted) when it would
-        pass the job bound or the byte budget."""
-        if (
-            self._max_bytes is not None
-            and self.bytes + size > self._max_bytes
-            and not self._queue.empty()
-        ):
+    def put(self, job: Job, size: int = 0, *, key: Hashable = None) -> bool:
+        """Queue ``job`` (about ``size`` bytes; after the jobs of its ``key``); False (the
+        job refused, counted) when it would pass the job bound or the byte budget."""
+        if self._max_bytes is not None and self.bytes + size > self._max_bytes and self._jobs:
             self._drop("bytes", StoreError("the memory write queue is over its byte budget"))
             return False
-        try:
-            self._queue.put_nowait((job, size))
-        except asyncio.QueueFull:
+        if len(self._jobs) >= self._size:
             self._drop("jobs", StoreError("the memory write queue is full"))
             return False
+        lane = self._lanes.setdefault(key, _Lane())
+        lane.jobs += 1
+        # Started in the order put: a key's jobs wait on its lock in that order.
+        self._jobs.add(asyncio.create_task(self._one(job, key, lane, size)))
+        self._idle.clear()
         self.bytes += size
-        self._on_depth(self._queue.qsize())
+        self._on_depth(len(self._jobs))
         self._on_bytes(self.bytes)
         return True
 
@@ -88,32 +106,39 @@ class WriteQueue:
 
     async def join(self) -> None:
         """Wait until every queued job has run (tests and shutdown use it)."""
-        await self._queue.join()
+        await self._idle.wait()
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        """Drain what is queued (for at most ``timeout_s``), then stop the worker."""
-        if self._worker is None:
-            return
-        try:
-            await asyncio.wait_for(self._queue.join(), timeout_s)
-        except TimeoutError:
-            log.warning("memory writes still queued at shutdown were dropped: %d",
-                        self._queue.qsize())
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
-        self._worker = None
-
-    async def _work(self) -> None:
-        while True:
-            job, size = await self._queue.get()
+        """Drain what is queued (for at most ``timeout_s``, once started), then cancel the
+        rest."""
+        if self._started.is_set():
             try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("memory writes still queued at shutdown were dropped: %d",
+                            len(self._jobs))
+        jobs = list(self._jobs)
+        for task in jobs:
+            task.cancel()
+        for task in jobs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _one(self, job: Job, key: Hashable, lane: _Lane, size: int) -> None:
+        try:
+            await self._started.wait()
+            async with lane.lock, self._slots:
                 await self._run(job)
-            finally:
-                self.bytes -= size
-                self._queue.task_done()
-                self._on_depth(self._queue.qsize())
-                self._on_bytes(self.bytes)
+        finally:
+            lane.jobs -= 1
+            if not lane.jobs:
+                del self._lanes[key]
+            self._jobs.discard(asyncio.current_task())
+            self.bytes -= size
+            self._on_depth(len(self._jobs))
+            self._on_bytes(self.bytes)
+            if not self._jobs:
+                self._idle.set()
 
     async def _run(self, job: Job) -> None:
         """Run ``job``; a store failure gets one retry, then the job is dropped (counted)."""

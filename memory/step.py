@@ -230,7 +230,7 @@ class MemoryStep:
             if turn is not None:
                 await self._ingester.write(scope, session, [turn], now=now, answer=True)
 
-        return self._queue.put(store, size)
+        return self._queue.put(store, size, key=(scope, session))
 
     async def close(self) -> None:
         """Cancel turns still being prepared (shutdown)."""
@@ -292,7 +292,7 @@ class MemoryStep:
             raise
         # The job keeps the parsed history alive until it runs: about the request's bytes.
         self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
-                        len(ex.raw))
+                        len(ex.raw), key=(scope, session))
         mode: str | None = None
         recalled: list[Memory] = []
         try:

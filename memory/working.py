@@ -103,7 +103,7 @@ class Working:
             self._remember(where, texts, now)
         else:
             size = sum(len(t) for t in texts.values())
-            self._queue.put(lambda: self._refresh(where, records, texts, now), size)
+            self._queue.put(lambda: self._refresh(where, records, texts, now), size, key=where)
         return records
 
     async def _refresh(

@@ -86,3 +86,57 @@ async def test_close_drains_what_is_queued() -> None:
     gate.set()
     await closing
     assert done == [1, 2]
+
+
+async def test_jobs_of_other_sessions_run_beside_a_slow_one_and_a_sessions_jobs_in_order() -> None:
+    q = WriteQueue(10, Health(), retry_s=0, concurrency=2)
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def job(name: str, wait: bool = False) -> None:
+        started.append(name)
+        if wait:
+            await gate.wait()
+        started.append(name + " done")
+
+    q.put(lambda: job("a1", wait=True), key="a")
+    q.put(lambda: job("a2"), key="a")  # waits for a1: the same session
+    q.put(lambda: job("b1"), key="b")  # does not
+    q.start()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert started == ["a1", "b1", "b1 done"]
+    gate.set()
+    await q.join()
+    assert started[3:] == ["a1 done", "a2", "a2 done"]
+    await q.close()
+
+
+async def test_no_more_jobs_run_at_once_than_the_concurrency() -> None:
+    q = WriteQueue(10, Health(), retry_s=0, concurrency=2)
+    gate = asyncio.Event()
+    running: list[str] = []
+
+    async def job(name: str) -> None:
+        running.append(name)
+        await gate.wait()
+
+    for name in "abc":
+        q.put(lambda name=name: job(name), key=name)  # type: ignore[misc]
+    q.start()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert running == ["a", "b"]
+    gate.set()
+    await q.join()
+    assert running == ["a", "b", "c"]
+    await q.close()
+
+
+async def test_close_gives_up_on_jobs_still_running_after_its_timeout() -> None:
+    q = WriteQueue(10, Health(), retry_s=0)
+    never = asyncio.Event()
+    q.put(never.wait, key="a")
+    q.start()
+    await asyncio.sleep(0)
+    await asyncio.wait_for(q.close(timeout_s=0.05), 5)  # returns: the job is cancelled
