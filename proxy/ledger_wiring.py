@@ -120,15 +120,15 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pend
         degraded=tuple(degraded), ttfb_ms=info.ttfb_ms,
     )
     forwarded = None if sent.forwarded is sent.raw else sent.forwarded
-    return Pending(record, sent.raw, forwarded, parsed=ex is not None, bodies=_bodies(sent))
+    bodies = _bodies(sent, forwarded)
+    if bodies is not None:  # counted from what the proxy parsed: no second parse
+        return Pending(record, b"", None, parsed=True, bodies=bodies)
+    return Pending(record, sent.raw, forwarded, parsed=ex is not None)
 
 
-def _bodies(sent: Sent) -> Bodies | None:
+def _bodies(sent: Sent, forwarded: bytes | None) -> Bodies | None:
     """The bodies the proxy parsed, when it has both (else the recorder parses the bytes)."""
-    if sent.client_body is None:
+    if sent.client_body is None or (forwarded is not None and sent.forwarded_body is None):
         return None
-    if sent.forwarded is sent.raw:
-        return Bodies(sent.client_body, None)
-    if sent.forwarded_body is None:
-        return None
-    return Bodies(sent.client_body, sent.forwarded_body)
+    size = len(sent.raw) + (len(forwarded) if forwarded is not None else 0)
+    return Bodies(sent.client_body, sent.forwarded_body if forwarded is not None else None, size)

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,8 +22,12 @@ from ledger import counterfactual
 from ledger.counterfactual import DirectCache, Measure, PartCounter
 from ledger.model import Record
 from ledger.recorder import Bodies, Pending, Recorder
+from proxy import ledger_wiring
+from proxy.app import Access, Sent
 from proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
+from tests.fakes import codex
+from tests.fakes.server import Running
 from tests.ledger import reference
 
 Body = dict[str, Any]
@@ -130,7 +135,7 @@ def test_counting_the_parsed_bodies_gives_the_old_numbers(
             sent = None if forwarded is None else orjson.dumps(forwarded)
             pending = Pending(record, raw, sent, parsed=True)
             expected = old.measure(pending)
-            assert new.measure(replace(pending, bodies=Bodies(client, forwarded))) == expected
+            assert new.measure(replace(pending, bodies=Bodies(client, forwarded, 0))) == expected
             assert from_bytes.measure(pending) == expected
 
 
@@ -172,53 +177,87 @@ def test_a_part_shared_by_identity_is_counted_as_its_own_kind() -> None:
     pending = Pending(record, orjson.dumps(client), orjson.dumps(forwarded), parsed=True)
     expected = reference.Reference(count).measure(pending)
     assert expected.client_tokens != expected.forwarded_tokens
-    assert recorder().measure(replace(pending, bodies=Bodies(client, forwarded))) == expected
+    assert recorder().measure(replace(pending, bodies=Bodies(client, forwarded, 0))) == expected
 
 
 # --- the proxy's own rows, on the load's Codex bodies -----------------------------------------
 
 
+class Spy:
+    """What a running proxy's recorder was handed, the same rows as it had them before (the
+    bytes), and the rows it wrote."""
+
+    def __init__(self, proxy: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+        recorder = proxy.app[LEDGER].recorder
+        assert recorder is not None
+        self.recorder = recorder
+        self.handed: list[Pending] = []
+        self.as_bytes: list[Pending] = []
+        self.rows: list[Record] = []
+        pending, measure_all = ledger_wiring.pending, recorder.measure_all
+
+        def spy_pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pending:
+            self.handed.append(pending(app, sent, info, status))
+            forwarded = None if sent.forwarded is sent.raw else sent.forwarded
+            self.as_bytes.append(replace(self.handed[-1], raw=sent.raw, forwarded=forwarded,
+                                         bodies=None))
+            return self.handed[-1]
+
+        def spy_measure_all(batch: list[Pending]) -> list[Record]:
+            self.rows.extend(records := measure_all(batch))
+            return records
+
+        monkeypatch.setattr(ledger_wiring, "pending", spy_pending)
+        recorder.measure_all = spy_measure_all  # type: ignore[method-assign]
+
+    async def old_rows(self) -> list[Record]:
+        await self.recorder.join()
+        old = reference.Reference(tokens.count)
+        return [old.measure(p) for p in self.as_bytes]
+
+
+async def post(proxy: Running, body: bytes, headers: dict[str, str] | None = None) -> int:
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/responses", data=body, headers=headers
+    ) as resp:
+        await resp.read()
+        return resp.status
+
+
 async def test_rows_of_the_running_proxy_have_the_old_numbers(
-    start_proxy: ProxyFactory,
+    start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The window cuts from the third turn and masks old outputs; memory and its blocks are on:
     # the forwarded bodies share most, not all, of their items with the client's.
     proxy = await start_proxy(window_policy="fixed", keep_turns=2, trim_slack=0,
                               mask_tool_outputs=True)
-    side = proxy.app[LEDGER]
-    assert side.recorder is not None
-    seen: list[tuple[list[Pending], list[Record]]] = []
-    measure_all = side.recorder.measure_all
-
-    def spy(batch: list[Pending]) -> list[Record]:
-        records = measure_all(batch)
-        seen.append((batch, records))
-        return records
-
-    side.recorder.measure_all = spy  # type: ignore[method-assign]
+    spy = Spy(proxy, monkeypatch)
     rng = random.Random(7)
     context, tool_specs = _session.context_items(rng), _session.tools()
-    async with aiohttp.ClientSession() as http:
-        for seed in (1, 2, 3):
-            thread = Thread(Script.make(seed, 6), seed, context, tool_specs, 0.0)
-            for body, headers in thread.requests():
-                async with http.post(proxy.url + "/v1/responses", data=body,
-                                     headers=headers) as resp:
-                    assert resp.status == 200, await resp.text()
-                    await resp.read()
-        # Not a Responses request: forwarded as sent, no tokens.
-        async with http.post(proxy.url + "/v1/responses", data=b'{"input": 5}') as resp:
-            await resp.read()
-    await side.recorder.join()
+    for seed in (1, 2, 3):
+        thread = Thread(Script.make(seed, 6), seed, context, tool_specs, 0.0)
+        for body, headers in thread.requests():
+            assert await post(proxy, body, headers) == 200
+    await post(proxy, b'{"input": 5}')  # not a Responses request: forwarded as sent
 
-    pendings = [p for batch, _ in seen for p in batch]
-    records = [r for _, batch in seen for r in batch]
-    assert len(pendings) > 20 and not pendings[-1].parsed
-    parsed = [p for p in pendings if p.parsed]
-    assert all(p.bodies is not None for p in parsed)
-    changed = [p for p in parsed if p.forwarded is not None]
-    assert changed and any(r.items_cut for r in records)  # the comparison covers cut bodies
-    old = reference.Reference(tokens.count)
-    assert records == [old.measure(p) for p in pendings]
-    assert all(r.direct_input is not None for r in records[:-1])
-    assert any(r.direct_cached for r in records)  # the direct cache was hit
+    assert spy.rows == await spy.old_rows()
+    assert len(spy.handed) > 20 and not spy.handed[-1].parsed
+    parsed = spy.handed[:-1]
+    assert all(p.bodies is not None and not p.raw for p in parsed)  # no bytes kept
+    assert all(p.bodies is not None and p.bodies.forwarded is not None for p in parsed)
+    assert any(r.items_cut for r in spy.rows)  # the comparison covers cut bodies
+    assert all(r.direct_input is not None for r in spy.rows[:-1])
+    assert any(r.direct_cached for r in spy.rows)  # the direct cache was hit
+
+
+async def test_a_body_forwarded_as_sent_is_counted_once_with_the_old_numbers(
+    start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proxy = await start_proxy(memory_enabled=False, chat_memory_asset=False)
+    spy = Spy(proxy, monkeypatch)
+    for turns in (1, 2):
+        assert await post(proxy, orjson.dumps(codex.request(codex.session(turns), "sess-1")),
+                          codex.headers("sess-1")) == 200
+    assert spy.rows == await spy.old_rows()
+    assert [p.bodies.forwarded if p.bodies else "bytes" for p in spy.handed] == [None, None]
+    assert all(r.client_tokens == r.forwarded_tokens for r in spy.rows)
