@@ -63,6 +63,7 @@ def _part_values(body: dict[str, Any]) -> list[tuple[Any, bool]]:
 
 
 def _serialise(value: Any, text: bool) -> bytes:
+    # PartCounter._measure has the same inline: it runs once per part of every request.
     if text:
         encoded: bytes = value.encode()
         return encoded
@@ -132,7 +133,9 @@ class PartCounter:
         ends: list[int] = []
         link = b""
         total = 0
-        sha256 = hashlib.sha256  # on the CPU's SHA extensions: 3x blake2b here, whole bodies
+        # sha256 runs on the CPU's SHA extensions (x86 SHA-NI, ARMv8): on whole bodies about
+        # three times as fast as blake2b here. Digests live in this process only.
+        sha256 = hashlib.sha256
         dumps, sort_keys = orjson.dumps, orjson.OPT_SORT_KEYS
         for value, text in _part_values(body):
             part = value.encode() if text else dumps(value, option=sort_keys)

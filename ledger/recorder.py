@@ -47,8 +47,8 @@ class Pending:
     raw: bytes  # the client's body (b"" when ``bodies`` holds it)
     forwarded: bytes | None  # what went upstream; None: the client's bytes, as sent
     parsed: bool  # the client's body is a Responses request (else: tokens unknown)
-    # The same, parsed: counted in place of the bytes, which the row then need not keep (the
-    # parsed objects take about twice the bytes' memory; both would triple a queued row's).
+    # The same, parsed: counted in place of the bytes, which the row then does not keep
+    # (parsed, a body takes about twice its bytes' memory: keeping both would double a row's).
     bodies: Bodies | None = None
 
 

@@ -118,7 +118,7 @@ def sessions(draw: st.DrawFn) -> list[tuple[Record, Body, Body | None]]:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions(), st.sampled_from([1, 2, 10_000]), st.sampled_from([3, 200_000]))
 def test_counting_the_parsed_bodies_gives_the_old_numbers(
     requests: list[tuple[Record, Body, Body | None]], max_sessions: int, max_nodes: int,
