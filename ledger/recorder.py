@@ -18,7 +18,7 @@ import orjson
 from ledger.counterfactual import DirectCache, PartCounter, cacheable
 from ledger.model import Ledger, LedgerError, Record
 
-__all__ = ["DropReason", "Pending", "Recorder"]
+__all__ = ["Bodies", "DropReason", "Pending", "Recorder"]
 
 log = logging.getLogger("ctxproxy.ledger")
 
@@ -30,13 +30,26 @@ DAY_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
+class Bodies:
+    """A request's bodies as the proxy already parsed them, counted without a second parse.
+    Read in the worker thread: nothing may change them once handed over."""
+
+    client: dict[str, Any]  # the client's body (its own keys: not what the steps put in)
+    forwarded: dict[str, Any] | None  # the body that was serialised upstream; None: the client's
+    size: int  # the bytes both were parsed from: what the queue's byte budget counts
+
+
+@dataclass(frozen=True, slots=True)
 class Pending:
     """A request the relay is done with: its row so far, and the bodies to count."""
 
     record: Record
-    raw: bytes  # the client's body
+    raw: bytes  # the client's body (b"" when ``bodies`` holds it)
     forwarded: bytes | None  # what went upstream; None: the client's bytes, as sent
     parsed: bool  # the client's body is a Responses request (else: tokens unknown)
+    # The same, parsed: counted in place of the bytes, which the row then does not keep
+    # (parsed, a body takes about twice its bytes' memory: keeping both would double a row's).
+    bodies: Bodies | None = None
 
 
 class Recorder:
@@ -157,26 +170,30 @@ class Recorder:
         record = pending.record
         if not pending.parsed:
             return record
-        client = self._counter.measure(orjson.loads(pending.raw))
-        forwarded = (
-            client if pending.forwarded is None
-            else self._counter.measure(orjson.loads(pending.forwarded))
-        )
+        bodies = pending.bodies
+        if bodies is None:
+            bodies = Bodies(
+                orjson.loads(pending.raw),
+                None if pending.forwarded is None else orjson.loads(pending.forwarded),
+                _size(pending),
+            )
+        client, forwarded_tokens = self._counter.measure_pair(bodies.client, bodies.forwarded)
         shared = 0
         if record.status < 400:
             # A request the upstream refused would not have warmed its cache either.
             shared = self._direct.read_and_store(record.session_id, client, record.at)
-        record = replace(record, client_tokens=client.tokens,
-                         forwarded_tokens=forwarded.tokens)
         if record.input_tokens is None:
-            return record
-        scale = record.input_tokens / forwarded.tokens if forwarded.tokens else 1.0
+            return replace(record, client_tokens=client.tokens,
+                           forwarded_tokens=forwarded_tokens)
+        scale = record.input_tokens / forwarded_tokens if forwarded_tokens else 1.0
         return replace(
-            record,
+            record, client_tokens=client.tokens, forwarded_tokens=forwarded_tokens,
             direct_input=round(client.tokens * scale),
             direct_cached=cacheable(round(shared * scale)) if scale != 1.0 else shared,
         )
 
 
 def _size(pending: Pending) -> int:
+    if pending.bodies is not None:
+        return pending.bodies.size
     return len(pending.raw) + (len(pending.forwarded) if pending.forwarded is not None else 0)

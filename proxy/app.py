@@ -87,6 +87,11 @@ class Sent:
     raw: bytes  # the client's body
     forwarded: bytes  # what went upstream (the same object when nothing changed)
     exchange: Exchange | None  # None: not a Responses request, forwarded as sent
+    # The same two, as parsed (the ledger counts these, not a second parse): the client's body
+    # before the steps ran, and the body ``forwarded`` was serialised from (None: not parsed,
+    # or forwarded as the client's bytes).
+    client_body: dict[str, Any] | None = None
+    forwarded_body: dict[str, Any] | None = None
 
 
 SENT = web.RequestKey("sent", Sent)
@@ -309,12 +314,14 @@ async def responses(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     body = raw
     ex: Exchange | None = None
+    client_body: dict[str, Any] | None = None
     try:
         ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
                                       request.get(PRINCIPAL))
     except NotAResponsesRequest as exc:
         _forward_as_sent(app, info, exc)
     else:
+        client_body = dict(ex.body)  # steps may replace its keys, never the values in them
         failed = await app[PIPELINE].run(ex)
         try:
             body = await _off_loop_if_large(raw, ex.serialise)
@@ -332,7 +339,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     info.bytes_in = len(raw)
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
-    request[SENT] = Sent(at, raw, body, ex)
+    request[SENT] = Sent(at, raw, body, ex, client_body,
+                         ex.body if ex is not None and body is not raw else None)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
     return await relay(request, "responses", body, tap_usage=True)
 

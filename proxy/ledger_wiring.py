@@ -12,7 +12,7 @@ from aiohttp import web
 from injectors import tokens
 from ledger import Ledger, LedgerError, Prices, Record
 from ledger.counterfactual import PartCounter
-from ledger.recorder import Pending, Recorder
+from ledger.recorder import Bodies, Pending, Recorder
 from ledger.stores import make_ledger
 from proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
 
@@ -120,4 +120,15 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pend
         degraded=tuple(degraded), ttfb_ms=info.ttfb_ms,
     )
     forwarded = None if sent.forwarded is sent.raw else sent.forwarded
+    bodies = _bodies(sent, forwarded)
+    if bodies is not None:  # counted from what the proxy parsed: no second parse
+        return Pending(record, b"", None, parsed=True, bodies=bodies)
     return Pending(record, sent.raw, forwarded, parsed=ex is not None)
+
+
+def _bodies(sent: Sent, forwarded: bytes | None) -> Bodies | None:
+    """The bodies the proxy parsed, when it has both (else the recorder parses the bytes)."""
+    if sent.client_body is None or (forwarded is not None and sent.forwarded_body is None):
+        return None
+    size = len(sent.raw) + (len(forwarded) if forwarded is not None else 0)
+    return Bodies(sent.client_body, sent.forwarded_body if forwarded is not None else None, size)
