@@ -9,11 +9,11 @@ apart, as a model streams tokens; each answer's pace varies by up to ``--jitter`
 take more or less time, so that sessions started together do not stay in step), ctxproxy
 (``python -m proxy serve``: SQLite memory in a temporary data dir, a wiki added with the
 knowledge CLI and bound to every agent), and this client. Each of ``--sessions`` virtual users
-runs Codex threads back to back: every turn sends the history so far plus the new prompt, then
-(when the turn used tools) the tool-loop request with the calls and their outputs under the
-same turn id; after ``--turns`` turns a new thread starts. So the window cuts (from turn 6 on),
-every finished turn is ingested, recall runs on every new turn and the knowledge block goes
-into every request.
+(over connections of its own, as each Codex process has) runs Codex threads back to back:
+every turn sends the history so far plus the new prompt, then (when the turn used tools) the
+tool-loop request with the calls and their outputs under the same turn id; after ``--turns``
+turns a new thread starts. So the window cuts (from turn 6 on), every finished turn is
+ingested, recall runs on every new turn and the knowledge block goes into every request.
 
 The same load first goes straight to the upstream (the baseline), then through a bare aiohttp
 relay (bench/_naive.py: what any Python relay adds on these cores, for reference), then through
@@ -213,7 +213,6 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
     context = _session.context_items(random.Random(seed))
     tools = _session.tools()
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    connector = aiohttp.TCPConnector(limit=0)
     began = time.perf_counter()
     measure_at = began + warmup
     stop_at = measure_at + seconds
@@ -223,21 +222,24 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
         # middle of a thread: threads end at different times from then on.
         await asyncio.sleep(n / users * ANSWER_EVENTS * pace_ms / 1000)
         first_turn = rng.randrange(len(scripts[0].turns))
-        while time.perf_counter() < stop_at:
-            thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter, rng)
-            for body, headers in thread.requests(first_turn):
-                now = time.perf_counter()
-                if now >= stop_at:
-                    return
-                await one(client, url, body, headers, expected, run if now >= measure_at else warm)
-            first_turn = 0
+        # Each user its own connections, as each Codex process has: a session's requests
+        # come over its own keep-alive connection (and so, with SO_REUSEPORT, to one worker).
+        async with aiohttp.ClientSession(timeout=timeout) as client:
+            while time.perf_counter() < stop_at:
+                thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter, rng)
+                for body, headers in thread.requests(first_turn):
+                    now = time.perf_counter()
+                    if now >= stop_at:
+                        return
+                    await one(client, url, body, headers, expected,
+                              run if now >= measure_at else warm)
+                first_turn = 0
 
     async def switch() -> None:
         await asyncio.sleep(warmup)
         measuring()
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
-        await asyncio.gather(switch(), *(user(n) for n in range(users)))
+    await asyncio.gather(switch(), *(user(n) for n in range(users)))
     warm.seconds = min(warmup, time.perf_counter() - began)
     run.seconds = time.perf_counter() - measure_at
     return warm, run
