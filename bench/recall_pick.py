@@ -1,0 +1,157 @@
+"""Recall's pick: the CPU a user turn's recall takes once the store has answered.
+
+    python -m bench.recall_pick --store memory.sqlite3                  # print ms per pick
+    python -m bench.recall_pick --store memory.sqlite3 --before main    # and that commit's
+
+``--store`` is a SQLite memory store (one a ``bench.load`` run filled, say); it is copied
+first, never changed. Sessions of the store take turns, round robin as concurrent sessions
+do, each turn asking one of ``bench._session``'s prompts: what the store holds for it is
+read first (``Recaller.gather``, not timed), then the pick (``Recaller.pick``, in the
+calling thread) and the blocks' rendering (``memory.step._texts``) are timed, with the
+lines the session's last four recalls showed still in view, as ``memory.step`` does.
+Process-wide memos start cold and warm as the sessions go on, as in a proxy.
+
+With ``--before REV`` that commit's code (``git archive``) runs the same turns in a
+process of its own, alternating with this tree's, ``--rounds`` of each; the blocks both
+render must be the same bytes (their digest is compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import _session
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_VIEW = 4  # the session's earlier recalls still in the window
+
+
+async def _measure(store_path: Path, picks: int, seed: int) -> dict[str, Any]:
+    # Imported here: with --before, a child process puts the old tree first on sys.path.
+    from injectors import memory_blocks, tokens
+    from memory.model import Scope
+    from memory.recall import Recaller, Weights
+    from memory.step import _texts
+    from memory.store_sqlite import SqliteStore
+    from proxy.memory_wiring import _cost
+
+    async def here(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    db = sqlite3.connect(store_path)
+    sessions = [(Scope(*row[:4]), row[4]) for row in db.execute(
+        "SELECT DISTINCT service_id, team_id, agent_id, user_ref, session_id FROM memories"
+        " WHERE session_id IS NOT NULL ORDER BY 1, 2, 3, 4, 5")]
+    db.close()
+    store = SqliteStore(store_path)
+    await store.open()
+    recaller = Recaller(
+        store, weights=Weights(), k=5, budget=1200, cost=_cost,
+        overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)), offload=here,
+    )
+    tokens.encoding_name()
+    rng = random.Random(seed)
+    chosen = rng.sample(sessions, min(len(sessions), max(1, picks // 6)))
+    now = time.time()
+    turns = []
+    for n in range(picks):
+        scope, session = chosen[n % len(chosen)]
+        step = n // len(chosen) + 1
+        query = f"{rng.choice(_session._PROMPTS)} (step {step})"
+        found = await recaller.gather(scope, session, query, now)
+        candidates = await recaller.standing_candidates(scope, session, set(), now)
+        standing = recaller.standing(candidates, now)
+        turns.append((session, found, standing, recaller.cost(standing) if standing else 0))
+    await store.close()
+    in_view: dict[str, deque[tuple[tuple[str, frozenset[str]], ...]]] = {}
+    digest = hashlib.sha256()
+    spent = 0.0
+    for session, found, standing, used in turns:
+        kept = in_view.setdefault(session, deque(maxlen=IN_VIEW))
+        shown: dict[str, set[str]] = {}
+        for lines in kept:
+            for memory_id, seen in lines:
+                shown.setdefault(memory_id, set()).update(seen)
+        start = time.thread_time()
+        picking = recaller.pick(found, window=set(), exclude={m.memory_id for m in standing},
+                                shown=shown, budget=recaller.budget - used, min_score=0.25)
+        try:
+            picking.send(None)  # never suspends: the offload runs here
+            raise RuntimeError("pick suspended")
+        except StopIteration as done:
+            picked = done.value
+        standing_text, recall_text, lines = _texts(standing, picked)
+        spent += time.thread_time() - start
+        kept.append(lines)
+        digest.update(f"{standing_text}\0{recall_text}\0".encode())
+    return {"ms": 1000 * spent / picks, "digest": digest.hexdigest()[:16]}
+
+
+def _child(tree: Path, store: Path, picks: int, seed: int) -> dict[str, Any]:
+    # The tree's packages first on sys.path (its bench/ too: _session's prompts); this file
+    # loaded by its path, since an older tree has no copy of it.
+    code = ("import asyncio, importlib.util, json, sys; sys.path.insert(0, sys.argv[1]); "
+            "spec = importlib.util.spec_from_file_location('recall_pick', sys.argv[2]); "
+            "bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench); "
+            "from pathlib import Path; print(json.dumps(asyncio.run(bench._measure("
+            "Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))))")
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree), __file__, str(store), str(picks), str(seed)],
+        cwd=tree, check=True, capture_output=True, text=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, required=True, help="a SQLite memory store")
+    parser.add_argument("--picks", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--before", help="also time this commit's code, alternating")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-pick-") as tmp:
+        store = Path(tmp) / "memory.sqlite3"
+        with sqlite3.connect(args.store) as source, sqlite3.connect(store) as copy:
+            source.backup(copy)
+        trees = {"now": ROOT}
+        if args.before:
+            old = Path(tmp) / "before"
+            old.mkdir()
+            archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+            trees = {f"before ({args.before})": old, **trees}
+        times: dict[str, list[float]] = {name: [] for name in trees}
+        digests: dict[str, set[str]] = {name: set() for name in trees}
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                result = _child(tree, store, args.picks, args.seed)
+                times[name].append(result["ms"])
+                digests[name].add(result["digest"])
+    print(f"{args.picks} picks over {args.store.name}, {args.rounds} rounds alternating")
+    for name in trees:
+        ms = times[name]
+        print(f"  {name:>20}: {statistics.median(ms):.3f} ms per pick (median;"
+              f" rounds {', '.join(f'{t:.3f}' for t in ms)}); blocks {sorted(digests[name])}")
+    same = len({d for ds in digests.values() for d in ds}) == 1
+    print("  same bytes" if same else "  DIFFERENT BYTES")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
