@@ -9,7 +9,10 @@ do, each turn asking one of ``bench._session``'s prompts: what the store holds f
 read first (``Recaller.gather``, not timed), then the pick (``Recaller.pick``, in the
 calling thread) and the blocks' rendering (``memory.step._texts``) are timed, with the
 lines the session's last four recalls showed still in view, as ``memory.step`` does.
-Process-wide memos start cold and warm as the sessions go on, as in a proxy.
+Process-wide memos start cold and warm as the sessions go on, as in a proxy. A
+``bench.load`` store holds the same turns many times over (its sessions replay seeded
+scripts) and its sessions ask alike: ``--unique`` times turns that never repeat a prompt over
+episodes that never repeat a text, as a real proxy's would.
 
 With ``--before REV`` that commit's code (``git archive``) runs the same turns in a
 process of its own, alternating with this tree's, ``--rounds`` of each; the blocks both
@@ -39,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_VIEW = 4  # the session's earlier recalls still in the window
 
 
-async def _measure(store_path: Path, picks: int, seed: int) -> dict[str, Any]:
+async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dict[str, Any]:
     # Imported here: with --before, a child process puts the old tree first on sys.path.
     from injectors import memory_blocks, tokens
     from memory.model import Scope
@@ -71,6 +74,8 @@ async def _measure(store_path: Path, picks: int, seed: int) -> dict[str, Any]:
         scope, session = chosen[n % len(chosen)]
         step = n // len(chosen) + 1
         query = f"{rng.choice(_session._PROMPTS)} (step {step})"
+        if unique:  # no two sessions ask alike, as bench.load's do (a turn, a prompt)
+            query = query[:-1] + f", session {n % len(chosen)})"
         found = await recaller.gather(scope, session, query, now)
         candidates = await recaller.standing_candidates(scope, session, set(), now)
         standing = recaller.standing(candidates, now)
@@ -100,16 +105,17 @@ async def _measure(store_path: Path, picks: int, seed: int) -> dict[str, Any]:
     return {"ms": 1000 * spent / picks, "digest": digest.hexdigest()[:16]}
 
 
-def _child(tree: Path, store: Path, picks: int, seed: int) -> dict[str, Any]:
+def _child(tree: Path, store: Path, picks: int, seed: int, unique: bool) -> dict[str, Any]:
     # The tree's packages first on sys.path (its bench/ too: _session's prompts); this file
     # loaded by its path, since an older tree has no copy of it.
     code = ("import asyncio, importlib.util, json, sys; sys.path.insert(0, sys.argv[1]); "
             "spec = importlib.util.spec_from_file_location('recall_pick', sys.argv[2]); "
             "bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench); "
             "from pathlib import Path; print(json.dumps(asyncio.run(bench._measure("
-            "Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))))")
+            "Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == '1'))))")
     out = subprocess.run(
-        [sys.executable, "-c", code, str(tree), __file__, str(store), str(picks), str(seed)],
+        [sys.executable, "-c", code, str(tree), __file__, str(store), str(picks), str(seed),
+         "1" if unique else "0"],
         cwd=tree, check=True, capture_output=True, text=True,
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -123,11 +129,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--before", help="also time this commit's code, alternating")
+    parser.add_argument("--unique", action="store_true",
+                        help="no two turns ask the same prompt and no two episodes hold the"
+                        " same text (bench.load's sessions replay seeded scripts: they do)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ctxproxy-pick-") as tmp:
         store = Path(tmp) / "memory.sqlite3"
-        with sqlite3.connect(args.store) as source, sqlite3.connect(store) as copy:
+        # immutable: not a byte of the store, nor a -wal or -shm file beside it, is written.
+        with (sqlite3.connect(f"file:{args.store.resolve()}?immutable=1", uri=True) as source,
+              sqlite3.connect(store) as copy):
             source.backup(copy)
+            if args.unique:  # each episode's text its own: its id on a last line
+                copy.execute("UPDATE memories SET text = text || char(10) || '  (' || memory_id"
+                             " || ')' WHERE type = 'episodic'")
         trees = {"now": ROOT}
         if args.before:
             old = Path(tmp) / "before"
@@ -140,10 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         digests: dict[str, set[str]] = {name: set() for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                result = _child(tree, store, args.picks, args.seed)
+                result = _child(tree, store, args.picks, args.seed, args.unique)
                 times[name].append(result["ms"])
                 digests[name].add(result["digest"])
-    print(f"{args.picks} picks over {args.store.name}, {args.rounds} rounds alternating")
+    prompts = "unique prompts and texts" if args.unique else "bench.load's prompts and texts"
+    print(f"{args.picks} picks over {args.store.name}, {prompts}, {args.rounds} rounds"
+          " alternating; CPU ms per pick")
     for name in trees:
         ms = times[name]
         print(f"  {name:>20}: {statistics.median(ms):.3f} ms per pick (median;"

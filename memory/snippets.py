@@ -97,6 +97,8 @@ _LABELS = tuple(label.lower() for label in (
 
 def _label_chars(line: str) -> int:
     """How many characters at the start of ``line`` are an entry's label."""
+    if not line.startswith(_LABELS):  # most lines (one check, in C)
+        return 0
     return next((len(label) for label in _LABELS if line.startswith(label)), 0)
 
 
@@ -312,7 +314,7 @@ def snippet(
         return Snippet(text, match)
     df = Counter(w for ws in words_of for w in ws)
     weight = {w: math.log(1 + len(lines) / k) for w, k in df.items()}
-    scores = [sum(weight[w] for w in ws) if ws else 0 for ws in words_of]  # sum(()) is 0
+    scores = [sum(map(weight.__getitem__, ws)) if ws else 0 for ws in words_of]  # sum(()): 0
     best = max(scores[1:], default=0.0)
     matched = sorted((n for n in range(1, len(lines)) if scores[n] > 0 and scores[n] >= best / 2),
                      key=lambda n: (-scores[n], n))[:MAX_LINES]
