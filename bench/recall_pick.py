@@ -1,7 +1,8 @@
 """Recall's pick: the CPU a user turn's recall takes once the store has answered.
 
-    python -m bench.recall_pick --store memory.sqlite3                  # print ms per pick
+    python -m bench.recall_pick --store memory.sqlite3                  # into RESULTS.md
     python -m bench.recall_pick --store memory.sqlite3 --before main    # and that commit's
+    python -m bench.recall_pick --store memory.sqlite3 --no-write       # print only
 
 ``--store`` is a SQLite memory store (one a ``bench.load`` run filled, say); it is copied
 first, never changed. Sessions of the store take turns, round robin as concurrent sessions
@@ -12,7 +13,7 @@ lines the session's last four recalls showed still in view, as ``memory.step`` d
 Process-wide memos start cold and warm as the sessions go on, as in a proxy. A
 ``bench.load`` store holds the same turns many times over (its sessions replay seeded
 scripts) and its sessions ask alike: ``--unique`` times turns that never repeat a prompt over
-episodes that never repeat a text, as a real proxy's would.
+episodes that never repeat a text, as a real proxy's would; without it both kinds are run.
 
 With ``--before REV`` that commit's code (``git archive``) runs the same turns in a
 process of its own, alternating with this tree's, ``--rounds`` of each; the blocks both
@@ -22,8 +23,11 @@ render must be the same bytes (their digest is compared).
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
+import os
+import platform
 import random
 import sqlite3
 import statistics
@@ -37,8 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import _session
+from bench._results import write_block
 
 ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## Recall's pick"
+BEGIN = "<!-- recall-pick:begin (written by bench/recall_pick.py) -->"
+END = "<!-- recall-pick:end -->"
 IN_VIEW = 4  # the session's earlier recalls still in the window
 
 
@@ -58,6 +66,8 @@ async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dic
     sessions = [(Scope(*row[:4]), row[4]) for row in db.execute(
         "SELECT DISTINCT service_id, team_id, agent_id, user_ref, session_id FROM memories"
         " WHERE session_id IS NOT NULL ORDER BY 1, 2, 3, 4, 5")]
+    # A minute after the store's last write: the same scores, and bytes, in every run.
+    (latest,) = db.execute("SELECT max(updated_at) FROM memories").fetchone()
     db.close()
     store = SqliteStore(store_path)
     await store.open()
@@ -68,7 +78,7 @@ async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dic
     tokens.encoding_name()
     rng = random.Random(seed)
     chosen = rng.sample(sessions, min(len(sessions), max(1, picks // 6)))
-    now = time.time()
+    now = float(latest) + 60
     turns = []
     for n in range(picks):
         scope, session = chosen[n % len(chosen)]
@@ -122,6 +132,39 @@ def _child(tree: Path, store: Path, picks: int, seed: int, unique: bool) -> dict
     return result
 
 
+def _copy(source: Path, to: Path, unique: bool) -> None:
+    # immutable: not a byte of the store, nor a -wal or -shm file beside it, is written.
+    with (sqlite3.connect(f"file:{source.resolve()}?immutable=1", uri=True) as db,
+          sqlite3.connect(to) as copy):
+        db.backup(copy)
+        if unique:  # each episode's text its own: its id on a last line
+            copy.execute("UPDATE memories SET text = text || char(10) || '  (' || memory_id"
+                         " || ')' WHERE type = 'episodic'")
+
+
+def _run(args: argparse.Namespace, tmp: Path, trees: dict[str, Path], unique: bool) -> list[str]:
+    """One kind of turns, every tree in turn for each round: the report's lines, and whether
+    every tree rendered the same bytes (the last line)."""
+    store = tmp / f"memory-{int(unique)}.sqlite3"
+    _copy(args.store, store, unique)
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    digests: dict[str, set[str]] = {name: set() for name in trees}
+    for _ in range(args.rounds):
+        for name, tree in trees.items():
+            result = _child(tree, store, args.picks, args.seed, unique)
+            times[name].append(result["ms"])
+            digests[name].add(result["digest"])
+    kind = "unique prompts and texts (--unique)" if unique else "bench.load's prompts and texts"
+    lines = [f"{kind}:"]
+    for name in trees:
+        ms = times[name]
+        lines.append(f"  {name:>20}: {statistics.median(ms):.3f} ms CPU per pick (median of"
+                     f" {', '.join(f'{t:.3f}' for t in ms)}); blocks {sorted(digests[name])}")
+    same = len({d for ds in digests.values() for d in ds}) == 1
+    lines.append("  same bytes" if same else "  DIFFERENT BYTES")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, required=True, help="a SQLite memory store")
@@ -130,43 +173,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--before", help="also time this commit's code, alternating")
     parser.add_argument("--unique", action="store_true",
-                        help="no two turns ask the same prompt and no two episodes hold the"
-                        " same text (bench.load's sessions replay seeded scripts: they do)")
+                        help="only turns that never repeat a prompt or an episode's text")
+    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="ctxproxy-pick-") as tmp:
-        store = Path(tmp) / "memory.sqlite3"
-        # immutable: not a byte of the store, nor a -wal or -shm file beside it, is written.
-        with (sqlite3.connect(f"file:{args.store.resolve()}?immutable=1", uri=True) as source,
-              sqlite3.connect(store) as copy):
-            source.backup(copy)
-            if args.unique:  # each episode's text its own: its id on a last line
-                copy.execute("UPDATE memories SET text = text || char(10) || '  (' || memory_id"
-                             " || ')' WHERE type = 'episodic'")
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-pick-") as name:
+        tmp = Path(name)
         trees = {"now": ROOT}
         if args.before:
-            old = Path(tmp) / "before"
+            old = tmp / "before"
             old.mkdir()
             archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, check=True,
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
             trees = {f"before ({args.before})": old, **trees}
-        times: dict[str, list[float]] = {name: [] for name in trees}
-        digests: dict[str, set[str]] = {name: set() for name in trees}
-        for _ in range(args.rounds):
-            for name, tree in trees.items():
-                result = _child(tree, store, args.picks, args.seed, args.unique)
-                times[name].append(result["ms"])
-                digests[name].add(result["digest"])
-    prompts = "unique prompts and texts" if args.unique else "bench.load's prompts and texts"
-    print(f"{args.picks} picks over {args.store.name}, {prompts}, {args.rounds} rounds"
-          " alternating; CPU ms per pick")
-    for name in trees:
-        ms = times[name]
-        print(f"  {name:>20}: {statistics.median(ms):.3f} ms per pick (median;"
-              f" rounds {', '.join(f'{t:.3f}' for t in ms)}); blocks {sorted(digests[name])}")
-    same = len({d for ds in digests.values() for d in ds}) == 1
-    print("  same bytes" if same else "  DIFFERENT BYTES")
-    return 0 if same else 1
+        lines: list[str] = []
+        for unique in [True] if args.unique else [False, True]:
+            lines += _run(args, tmp, trees, unique)
+    text = "\n".join([
+        f"{args.picks} picks over {args.store.name}, {args.rounds} rounds, trees alternating;"
+        f" {platform.python_implementation()} {platform.python_version()},"
+        f" {os.cpu_count()} CPUs, {datetime.date.today()}", *lines])
+    print(text)
+    if not args.no_write:
+        command = "python -m bench.recall_pick " + " ".join(argv or sys.argv[1:])
+        write_block(SECTION, BEGIN, END, f"`{command}`\n\n```\n{text}\n```")
+    return 0 if all(line != "  DIFFERENT BYTES" for line in lines) else 1
 
 
 if __name__ == "__main__":
