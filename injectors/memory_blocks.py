@@ -107,8 +107,13 @@ def _string(el: etree._Element) -> str:
 # a memory whose text changes is rendered anew), while it stays in this memo. Bounded by an
 # estimate of the bytes held; the lock because recall runs in worker threads.
 MEMO_BYTES = 16 * 1024 * 1024
-_items: LRUCache[tuple[Attributes, str], str] = LRUCache(
-    MEMO_BYTES, getsizeof=lambda shown: 2 * len(shown) + 256)  # its text in the key, and it
+
+
+def _item_size(shown: str) -> int:
+    return 2 * len(shown) + 1024  # it, its text and its attributes (in the key)
+
+
+_items: LRUCache[tuple[Attributes, str], str] = LRUCache(MEMO_BYTES, getsizeof=_item_size)
 _items_lock = threading.Lock()
 
 
@@ -119,7 +124,7 @@ def item(memory: Shown) -> str:
         shown = _items.get(key)
     if shown is None:
         shown = _string(_element(*key))
-        if 2 * len(shown) + 256 <= MEMO_BYTES // 16:
+        if _item_size(shown) <= MEMO_BYTES // 16:
             with _items_lock:
                 _items[key] = shown
     return shown

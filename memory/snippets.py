@@ -107,7 +107,8 @@ def _label_chars(line: str) -> int:
 # the question, so it is worked out once per text. Bounded by an estimate of the bytes held;
 # the lock because recall runs in worker threads.
 MEMO_BYTES = 32 * 1024 * 1024
-WORDS_PER_TEXT = 512  # the words a parsed text remembers the lines of, at most
+WORDS_PER_TEXT = 64  # the words a parsed text remembers the lines of, at most
+WORD_CHARS = 64  # and each of them this long at most (a longer one is looked for each time)
 
 
 class _Text:
@@ -126,15 +127,16 @@ class _Text:
         self.labels = tuple(_label_chars(line) for line in self.low_lines)
         self._words: dict[str, tuple[int, ...]] = {}
         # About the bytes held: the text, its lines and their lower case (the key and this),
-        # and each line's entries.
-        self.size = 4 * len(text) + 200 * len(self.lines)
+        # each line's entries, and the words remembered: their lines (no more than the
+        # words in the text) and the words themselves.
+        self.size = 8 * len(text) + 200 * len(self.lines) + 250 * WORDS_PER_TEXT
 
     def lines_with(self, word: str) -> tuple[int, ...]:
         """The lines that hold ``word`` (one of ``terms``: letters and digits only)."""
         held = self._words.get(word)
         if held is None:
             held = self._find(word)
-            if len(self._words) < WORDS_PER_TEXT:
+            if len(word) <= WORD_CHARS and len(self._words) < WORDS_PER_TEXT:
                 self._words[word] = held  # a race only writes the same value twice
         return held
 

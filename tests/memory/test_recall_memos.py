@@ -39,8 +39,7 @@ def fresh() -> Iterator[None]:
     saved = (snippets._texts, snippets._asked_memo, memory_blocks._items, tokens._long)
     snippets._texts = LRUCache(snippets.MEMO_BYTES, getsizeof=snippets._text_size)
     snippets._asked_memo = LRUCache(snippets.QUERIES_MEMO)
-    memory_blocks._items = LRUCache(memory_blocks.MEMO_BYTES,
-                                    getsizeof=lambda shown: 2 * len(shown) + 256)
+    memory_blocks._items = LRUCache(memory_blocks.MEMO_BYTES, getsizeof=memory_blocks._item_size)
     tokens._long = LRUCache(tokens.LONG_ENTRIES)
     tokens._memo.cache_clear()
     try:
@@ -222,6 +221,13 @@ def test_the_memos_stay_within_their_bounds() -> None:
         assert memory_blocks._items.currsize <= memory_blocks.MEMO_BYTES
         assert len(tokens._long) <= tokens.LONG_ENTRIES
         assert len(snippets._asked_memo) <= snippets.QUERIES_MEMO
+        # A parsed text remembers a few words' lines, none of them long.
+        text = "User: q\n" + " ".join(f"w{n}" for n in range(300)) + " " + "x" * 100
+        for n in range(0, 300, 50):
+            assert snippet(text, " ".join(f"w{m}" for m in range(n, n + 50))).match == 1.0
+        assert snippet(text, "x" * 100).match == 1.0
+        words = snippets._parse(text)._words
+        assert len(words) == snippets.WORDS_PER_TEXT and "x" * 100 not in words
         # A text too big for a sixteenth of the memo is parsed, never kept.
         huge = "User: q\n" + "w " * (snippets.MEMO_BYTES // 32)
         assert snippet(huge, "w").match == 1.0
