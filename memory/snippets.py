@@ -224,7 +224,14 @@ _asked_memo: LRUCache[tuple[int, bytes], _Asked] = LRUCache(QUERIES_MEMO)
 _asked_lock = threading.Lock()
 
 
+_last_asked: tuple[str, _Asked] | None = None  # the last query object: a pick asks it again
+
+
 def _asked(query: str) -> _Asked:
+    global _last_asked
+    last = _last_asked
+    if last is not None and last[0] is query:  # the same object: the same words
+        return last[1]
     # By the query's digest: a prompt may be long, and the memo holds only its words.
     key = tokens.text_key(query)
     with _asked_lock:
@@ -235,6 +242,7 @@ def _asked(query: str) -> _Asked:
                                *(frozenset(terms(q)) for q in questions(query))))
         with _asked_lock:
             _asked_memo[key] = asked
+    _last_asked = (query, asked)
     return asked
 
 

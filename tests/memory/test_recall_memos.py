@@ -36,7 +36,9 @@ HEADS = ["User: ", "Assistant: ", "Tool call exec_command: ", "Tool output exec_
 @contextmanager
 def fresh() -> Iterator[None]:
     """Every memo empty (and the ones in use put back after): what a new process computes."""
-    saved = (snippets._texts, snippets._asked_memo, memory_blocks._items, tokens._long)
+    saved = (snippets._texts, snippets._asked_memo, memory_blocks._items, tokens._long,
+             snippets._last_asked)
+    snippets._last_asked = None
     snippets._texts = LRUCache(snippets.MEMO_BYTES, getsizeof=snippets._text_size)
     snippets._asked_memo = LRUCache(snippets.QUERIES_MEMO)
     memory_blocks._items = LRUCache(memory_blocks.MEMO_BYTES, getsizeof=memory_blocks._item_size)
@@ -45,7 +47,8 @@ def fresh() -> Iterator[None]:
     try:
         yield
     finally:
-        snippets._texts, snippets._asked_memo, memory_blocks._items, tokens._long = saved
+        (snippets._texts, snippets._asked_memo, memory_blocks._items, tokens._long,
+         snippets._last_asked) = saved
 
 
 def computed_fresh(fn: Callable[[], T]) -> T:
