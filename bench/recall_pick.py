@@ -1,7 +1,7 @@
 """Recall's pick: the CPU a user turn's recall takes once the store has answered.
 
     python -m bench.recall_pick --store memory.sqlite3                  # into RESULTS.md
-    python -m bench.recall_pick --store memory.sqlite3 --before main    # and that commit's
+    python -m bench.recall_pick --store memory.sqlite3 --before 89e323a # and that commit's
     python -m bench.recall_pick --store memory.sqlite3 --no-write       # print only
 
 ``--store`` is a SQLite memory store (one a ``bench.load`` run filled, say); it is copied
@@ -165,6 +165,18 @@ def _run(args: argparse.Namespace, tmp: Path, trees: dict[str, Path], unique: bo
     return lines
 
 
+def _sha(rev: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _holds(store: Path) -> str:
+    with sqlite3.connect(f"file:{store.resolve()}?immutable=1", uri=True) as db:
+        episodes, texts = db.execute("SELECT count(*), count(DISTINCT text) FROM memories"
+                                     " WHERE type = 'episodic'").fetchone()
+    return f"{episodes} episodes, {texts} distinct texts"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, required=True, help="a SQLite memory store")
@@ -190,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for unique in [True] if args.unique else [False, True]:
             lines += _run(args, tmp, trees, unique)
     text = "\n".join([
-        f"{args.picks} picks over {args.store.name}, {args.rounds} rounds, trees alternating;"
+        f"{args.picks} picks over {args.store.name} ({_holds(args.store)}), {args.rounds} rounds,"
+        f" trees alternating; at {_sha('HEAD')}{' vs ' + _sha(args.before) if args.before else ''};"
         f" {platform.python_implementation()} {platform.python_version()},"
         f" {os.cpu_count()} CPUs, {datetime.date.today()}", *lines])
     print(text)
