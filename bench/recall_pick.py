@@ -209,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if not args.no_write:
         command = "python -m bench.recall_pick " + " ".join(argv or sys.argv[1:])
-        write_block(SECTION, BEGIN, END, f"`{command}`\n\n```\n{text}\n```")
+        write_block(SECTION, BEGIN, END, (
+            "The CPU time (thread time) of a user turn's `Recaller.pick` and the blocks' rendering"
+            " over a copy of a SQLite store a `bench.load` run filled; the same turns through"
+            f" each tree, which must render the same bytes.\n\n`{command}`\n\n```\n{text}\n```"))
     return 0 if all(line != "  DIFFERENT BYTES" for line in lines) else 1
 
 
