@@ -1,8 +1,9 @@
 """Typed memory blocks: ``<working_memory>``, ``<episodic_memory>``, ``<semantic_memory>``.
 
 Pure. Each memory is one ``<memory>`` element tagged with its type and id, so the model can
-tell a session constraint from a long-term preference and quote an id back. Built with lxml,
-never by string concatenation: a memory's text cannot close its block early.
+tell a session constraint from a long-term preference and quote an id back. Written by lxml,
+never by string concatenation of our own (a block is lxml's writing of its parts, joined):
+a memory's text cannot close its block early.
 
 What a memory shows (a snippet of a long episode, say) is the caller's choice: render takes
 any record with the attributes of ``Shown``.
@@ -10,11 +11,14 @@ any record with the attributes of ``Shown``.
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from cachetools import LRUCache
 from lxml import etree
 
 __all__ = ["BLOCK_ORDER", "NOTES", "TAGS", "Shown", "block_overhead", "item", "render", "source"]
@@ -64,18 +68,26 @@ def _clean(text: str) -> str:
     return _NOT_XML.sub("", text)
 
 
-def _element(memory: Shown) -> etree._Element:
-    el = etree.Element("memory")
-    el.set("type", memory.type)
-    el.set("id", memory.memory_id)
-    el.set("source", source(memory))
+Attributes = tuple[tuple[str, str], ...]
+
+
+def _attributes(memory: Shown) -> Attributes:
+    """The attributes of a memory's element, in order."""
+    out = [("type", memory.type), ("id", memory.memory_id), ("source", source(memory))]
     if memory.type == "working" and isinstance(memory.attrs.get("kind"), str):
-        el.set("kind", _clean(memory.attrs["kind"]))
+        out.append(("kind", _clean(memory.attrs["kind"])))
     if memory.type == "episodic":
         if memory.turn_index is not None:
-            el.set("turn", str(memory.turn_index + 1))
-        el.set("when", time.strftime("%Y-%m-%d", time.gmtime(memory.created_at)))
-    el.text = _clean(memory.text)
+            out.append(("turn", str(memory.turn_index + 1)))
+        out.append(("when", time.strftime("%Y-%m-%d", time.gmtime(memory.created_at))))
+    return tuple(out)
+
+
+def _element(attributes: Attributes, text: str) -> etree._Element:
+    el = etree.Element("memory")
+    for name, value in attributes:
+        el.set(name, value)
+    el.text = _clean(text)
     return el
 
 
@@ -90,9 +102,32 @@ def _string(el: etree._Element) -> str:
     return str(etree.tostring(el, encoding="unicode"))
 
 
+# Recall prices each memory it may show (what ``item`` renders), and the turn's blocks show
+# those again: a memory is rendered once, by what its element shows (its attributes and text;
+# a memory whose text changes is rendered anew), while it stays in this memo. Bounded by an
+# estimate of the bytes held; the lock because recall runs in worker threads.
+MEMO_BYTES = 16 * 1024 * 1024
+
+
+def _item_size(shown: str) -> int:
+    return 2 * len(shown) + 1024  # it, its text and its attributes (in the key)
+
+
+_items: LRUCache[tuple[Attributes, str], str] = LRUCache(MEMO_BYTES, getsizeof=_item_size)
+_items_lock = threading.Lock()
+
+
 def item(memory: Shown) -> str:
     """One memory as it appears inside its block (what the token budget counts)."""
-    return _string(_element(memory))
+    key = (_attributes(memory), memory.text)
+    with _items_lock:
+        shown = _items.get(key)
+    if shown is None:
+        shown = _string(_element(*key))
+        if _item_size(shown) <= MEMO_BYTES // 16:
+            with _items_lock:
+                _items[key] = shown
+    return shown
 
 
 def _wrapper(kind: str) -> etree._Element:
@@ -102,6 +137,7 @@ def _wrapper(kind: str) -> etree._Element:
     return block
 
 
+@functools.cache  # one per kind
 def block_overhead(kind: str) -> str:
     """An empty block of ``kind``: what a block costs before its first memory."""
     return _string(_wrapper(kind))
@@ -115,10 +151,10 @@ def render(memories: Sequence[Shown]) -> str:
         members = [m for m in memories if m.type == kind]
         if not members:
             continue
-        block = _wrapper(kind)
-        for memory in members:
-            el = _element(memory)
-            el.tail = "\n"
-            block.append(el)
-        blocks.append(_string(block))
+        # The block as lxml writes it, put together from lxml's own writing of its parts
+        # (the empty block, each memory as ``item`` wrote it, a line break after each):
+        # no text of ours goes in unescaped.
+        empty = block_overhead(kind)
+        close = f"</{TAGS[kind]}>"
+        blocks.append(empty[: -len(close)] + "".join(item(m) + "\n" for m in members) + close)
     return "\n".join(blocks)

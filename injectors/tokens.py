@@ -17,7 +17,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["count", "encoding_name", "pick"]
+from cachetools import LRUCache
+
+__all__ = ["count", "encoding_name", "pick", "text_key"]
 
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -109,10 +111,13 @@ def encoding_name() -> str:
 
 
 # Recall prices the same lines and memories turn after turn (a session's candidates change
-# little between its turns): short texts are counted once. lru_cache is thread-safe, and the
-# counts come from the memory side's worker threads.
+# little between its turns): a text is counted once. Short texts are memoised by their text,
+# longer ones by a digest of it, so that the memo holds no more than their counts. lru_cache
+# is thread-safe; the digest memo takes a lock: the counts come from the memory side's worker
+# threads.
 MEMO_CHARS = 1024  # and at most MEMO_ENTRIES of them: 16 MiB of text at worst
 MEMO_ENTRIES = 16_384
+LONG_ENTRIES = 16_384  # longer texts' counts, by digest: about 2 MiB
 
 
 @functools.lru_cache(maxsize=MEMO_ENTRIES)
@@ -120,6 +125,27 @@ def _memo(text: str) -> int:
     return _get()[1](text)
 
 
+_long: LRUCache[tuple[int, bytes], int] = LRUCache(LONG_ENTRIES)
+_long_lock = threading.Lock()
+
+
+def text_key(text: str) -> tuple[int, bytes]:
+    """A memo's key for ``text`` that holds none of it: its length and a 128-bit BLAKE2b
+    digest (a lone surrogate, from hostile input, is digested too: surrogatepass keeps the
+    encoding one-to-one)."""
+    return len(text), hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
+                                      digest_size=16).digest()
+
+
 def count(text: str) -> int:
     """Tokens in ``text``."""
-    return _memo(text) if len(text) <= MEMO_CHARS else _get()[1](text)
+    if len(text) <= MEMO_CHARS:
+        return _memo(text)
+    key = text_key(text)
+    with _long_lock:
+        held = _long.get(key)
+    if held is None:
+        held = _get()[1](text)
+        with _long_lock:
+            _long[key] = held
+    return held

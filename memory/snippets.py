@@ -8,11 +8,15 @@ thousands. Recall logic, pure.
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import accumulate
+
+from cachetools import LRUCache
 
 from injectors import tokens
 from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
@@ -69,33 +73,17 @@ class Snippet:
 _NONE: frozenset[str] = frozenset()
 
 
-def _line_words(text: str, wanted: set[str]) -> list[frozenset[str]]:
-    """For each line of ``text``, the ``wanted`` words it holds.
+def _line_words(text: str, wanted: AbstractSet[str]) -> list[frozenset[str]]:
+    """For each line of ``text``, the ``wanted`` words it holds."""
+    return _words_by_line(_parse(text), wanted)
 
-    Most lines of a long output share no word with a question, so each word is looked for in
-    the whole text (str.find runs in C), and an occurrence counts where it stands as a whole
-    word, as ``terms`` would split it.
-    """
-    low = text.lower()
-    low_lines = low.split("\n")  # lower() never adds or removes a line break
-    out = [_NONE] * len(low_lines)
-    if not wanted:
-        return out
-    starts = list(accumulate((len(line) + 1 for line in low_lines), initial=0))
+
+def _words_by_line(parsed: _Text, wanted: AbstractSet[str]) -> list[frozenset[str]]:
+    out = [_NONE] * len(parsed.lines)
     found: dict[int, set[str]] = {}
-    end = len(low)
     for word in wanted:
-        at = low.find(word)
-        while at >= 0:
-            after = at + len(word)
-            alone = at == 0 or not _in_word(low[at - 1])
-            if alone and (after == end or not _in_word(low[after])):
-                n = bisect_right(starts, at) - 1
-                if at - starts[n] >= _label_chars(low_lines[n]):
-                    found.setdefault(n, set()).add(word)
-                    at = low.find(word, starts[n + 1])  # one is enough: on to the next line
-                    continue
-            at = low.find(word, at + 1)
+        for n in parsed.lines_with(word):
+            found.setdefault(n, set()).add(word)
     for n, words in found.items():
         out[n] = frozenset(words)
     return out
@@ -109,7 +97,89 @@ _LABELS = tuple(label.lower() for label in (
 
 def _label_chars(line: str) -> int:
     """How many characters at the start of ``line`` are an entry's label."""
+    if not line.startswith(_LABELS):  # most lines (one check, in C)
+        return 0
     return next((len(label) for label in _LABELS if line.startswith(label)), 0)
+
+
+# Recall shows the same memories turn after turn (a session's candidates change little
+# between its turns), each for a new question: what a text's lines are does not depend on
+# the question, so it is worked out once per text. Bounded by an estimate of the bytes held;
+# the lock because recall runs in worker threads.
+MEMO_BYTES = 32 * 1024 * 1024
+WORDS_PER_TEXT = 64  # the words a parsed text remembers the lines of, at most
+WORD_CHARS = 64  # and each of them this long at most (a longer one is looked for each time)
+
+
+class _Text:
+    """What snippets read of a text whatever the question: its lines, the line each comes
+    from (``_contexts``), their labels, and the lines each word asked about stands in (as a
+    whole word, after the label), remembered as questions ask."""
+
+    __slots__ = ("_words", "contexts", "labels", "lines", "low", "low_lines", "size", "starts")
+
+    def __init__(self, text: str) -> None:
+        self.lines = tuple(text.split("\n"))
+        self.contexts = tuple(_contexts(self.lines))
+        self.low = text.lower()
+        self.low_lines = tuple(self.low.split("\n"))  # lower() never adds or removes a break
+        self.starts = tuple(accumulate((len(line) + 1 for line in self.low_lines), initial=0))
+        self.labels = tuple(_label_chars(line) for line in self.low_lines)
+        self._words: dict[str, tuple[int, ...]] = {}
+        # About the bytes held: the text, its lines and their lower case (the key and this),
+        # each line's entries, and the words remembered. For 1,000 of bench.load's episodes
+        # (2 KB each) asked 8 questions each, tracemalloc saw 15 MB and their texts 2 MB; this
+        # says 21 MB.
+        self.size = 5 * len(text) + 160 * len(self.lines) + 100 * WORDS_PER_TEXT
+
+    def lines_with(self, word: str) -> tuple[int, ...]:
+        """The lines that hold ``word`` (one of ``terms``: letters and digits only)."""
+        held = self._words.get(word)
+        if held is None:
+            held = self._find(word)
+            if len(word) <= WORD_CHARS and len(self._words) < WORDS_PER_TEXT:
+                self._words[word] = held  # a race only writes the same value twice
+        return held
+
+    def _find(self, word: str) -> tuple[int, ...]:
+        # Most lines of a long output share no word with a question, so the word is looked
+        # for in the whole text (str.find runs in C), and an occurrence counts where it
+        # stands as a whole word, as ``terms`` would split it.
+        low, starts = self.low, self.starts
+        end = len(low)
+        out: list[int] = []
+        at = low.find(word)
+        while at >= 0:
+            after = at + len(word)
+            alone = at == 0 or not _in_word(low[at - 1])
+            if alone and (after == end or not _in_word(low[after])):
+                n = bisect_right(starts, at) - 1
+                if at - starts[n] >= self.labels[n]:
+                    out.append(n)
+                    at = low.find(word, starts[n + 1])  # one is enough: on to the next line
+                    continue
+            at = low.find(word, at + 1)
+        return tuple(out)
+
+
+def _text_size(parsed: _Text) -> int:
+    return parsed.size
+
+
+_texts: LRUCache[str, _Text] = LRUCache(MEMO_BYTES, getsizeof=_text_size)
+_texts_lock = threading.Lock()
+
+
+def _parse(text: str) -> _Text:
+    """``text``'s lines as snippets read them, from the memo when it was parsed before."""
+    with _texts_lock:
+        parsed = _texts.get(text)
+    if parsed is None:
+        parsed = _Text(text)
+        if parsed.size <= MEMO_BYTES // 16:  # one huge text never empties the memo
+            with _texts_lock:
+                _texts[text] = parsed
+    return parsed
 
 
 MAX_QUESTIONS = 3
@@ -141,8 +211,45 @@ def questions(query: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A query's words as snippets match them: all of them in order, and each part a line
+    may match: the whole query's words, then each of its ``questions``' words."""
+
+    order: tuple[str, ...]
+    parts: tuple[frozenset[str], ...]
+
+
+QUERIES_MEMO = 1024  # a pick asks each of its candidates the same question
+_asked_memo: LRUCache[tuple[int, bytes], _Asked] = LRUCache(QUERIES_MEMO)
+_asked_lock = threading.Lock()
+
+
+_last_asked: tuple[str, _Asked] | None = None  # the last query object: a pick asks it again
+
+
+def _asked(query: str) -> _Asked:
+    global _last_asked
+    last = _last_asked
+    if last is not None and last[0] is query:  # the same object: the same words
+        return last[1]
+    # By the query's digest: a prompt may be long, and the memo holds only its words.
+    key = tokens.text_key(query)
+    with _asked_lock:
+        asked = _asked_memo.get(key)
+    if asked is None:
+        order = tuple(terms(query))
+        asked = _Asked(order, (frozenset(order),
+                               *(frozenset(terms(q)) for q in questions(query))))
+        with _asked_lock:
+            _asked_memo[key] = asked
+    _last_asked = (query, asked)
+    return asked
+
+
 def _match(
-    words_of: Sequence[frozenset[str]], contexts: Sequence[int | None], wanted: set[str]
+    words_of: Sequence[frozenset[str]], contexts: Sequence[int | None],
+    wanted: AbstractSet[str],
 ) -> float:
     """The share of ``wanted`` the best line holds, with the line that says where it comes
     from (the call that printed it)."""
@@ -150,7 +257,8 @@ def _match(
 
 
 def _line_matches(
-    words_of: Sequence[frozenset[str]], contexts: Sequence[int | None], wanted: set[str]
+    words_of: Sequence[frozenset[str]], contexts: Sequence[int | None],
+    wanted: AbstractSet[str],
 ) -> list[float]:
     """For each line, the share of ``wanted`` it holds with the line that says where it
     comes from."""
@@ -169,14 +277,12 @@ def line_matches(text: str, query: str) -> list[float]:
     """For each line of ``text``, how well it matches ``query`` as ``Snippet.match`` counts
     it: the share of the question's words it holds with the call that printed it (for a long
     prompt, of the words of the question it answers best)."""
-    lines = text.split("\n")
-    contexts = _contexts(lines)
-    order = terms(query)
-    parts = [set(order), *(set(terms(q)) for q in questions(query))]
-    words_of = _line_words(text, parts[0])
-    best = [0.0] * len(lines)
+    parsed = _parse(text)
+    parts = _asked(query).parts
+    words_of = _words_by_line(parsed, parts[0])
+    best = [0.0] * len(parsed.lines)
     for part in parts:
-        matches = _line_matches([ws & part for ws in words_of], contexts, part)
+        matches = _line_matches([ws & part for ws in words_of], parsed.contexts, part)
         best = [max(a, b) for a, b in zip(best, matches, strict=True)]
     return best
 
@@ -198,19 +304,19 @@ def snippet(
     holds by how few lines hold it: the line with the word few lines have is the answer.
     Deterministic: the same memory and question give the same bytes.
     """
-    order = terms(query)
-    wanted = set(order)
-    lines = text.split("\n")
-    words_of = _line_words(text, wanted)
-    contexts = _contexts(lines)
+    asked = _asked(query)
+    order = list(asked.order)
+    parsed = _parse(text)
+    lines, contexts = parsed.lines, parsed.contexts
+    words_of = _words_by_line(parsed, asked.parts[0])
     # A long prompt is answered by one of its questions: the memory matches as well as it
     # matches the question it answers best, and shows the lines for that question.
     match = 0.0
-    for part in [wanted, *(set(terms(q)) for q in questions(query))]:
+    for i, part in enumerate(asked.parts):
         best = _match(words_of, contexts, part)
         if best > match:
             match = best
-            if part is not wanted:
+            if i > 0:
                 order = [w for w in order if w in part]
                 words_of = [ws & part for ws in words_of]
     # A token covers one character at least and rarely more than a dozen: skip counting
@@ -219,7 +325,7 @@ def snippet(
         return Snippet(text, match)
     df = Counter(w for ws in words_of for w in ws)
     weight = {w: math.log(1 + len(lines) / k) for w, k in df.items()}
-    scores = [sum(weight[w] for w in ws) for ws in words_of]
+    scores = [sum(map(weight.__getitem__, ws)) if ws else 0 for ws in words_of]  # sum(()): 0
     best = max(scores[1:], default=0.0)
     matched = sorted((n for n in range(1, len(lines)) if scores[n] > 0 and scores[n] >= best / 2),
                      key=lambda n: (-scores[n], n))[:MAX_LINES]
