@@ -163,8 +163,18 @@ class Recorder:
             log.info("ledger: %d rows past the retention removed", gone)
 
     def measure_all(self, batch: list[Pending]) -> list[Record]:
-        """Count and price a batch, in arrival order (a thread: no event loop here)."""
-        return [self.measure(p) for p in batch]
+        """Count and price a batch, in arrival order (a thread: no event loop here). A body
+        that cannot be counted (an item nested deeper than the serialiser goes) leaves its
+        row without token counts, and the others are counted."""
+        records = []
+        for pending in batch:
+            try:
+                records.append(self.measure(pending))
+            except Exception as exc:
+                log.warning("ledger: a request's tokens could not be counted: %s",
+                            type(exc).__name__)
+                records.append(pending.record)
+        return records
 
     def measure(self, pending: Pending) -> Record:
         record = pending.record

@@ -4,13 +4,16 @@ asks for a key like every route under CLIENT_KEYS."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
 import orjson
 from lxml import html
 
-from ledger.model import Record
+from ledger.counterfactual import PartCounter
+from ledger.model import Ledger, Record
+from ledger.recorder import Pending, Recorder
 from proxy.ledger_wiring import LEDGER
 from proxy.memory_wiring import MEMORY
 from tests.conftest import ProxyFactory
@@ -187,3 +190,27 @@ async def test_a_session_id_that_is_not_utf8_is_recorded_and_the_recorder_goes_o
     sessions = {t.key for t in await side.ledger.totals("session")}
     assert "after" in sessions and len(sessions) == 2
     assert all(len(s) <= 200 for s in sessions)
+
+
+async def test_a_body_that_cannot_be_counted_leaves_only_its_own_row_without_tokens(
+    ledger: Ledger,
+) -> None:
+    # Parsed fine, but nested deeper than the serialiser goes: the batch's other rows are
+    # still counted and written.
+    deep = b"[" * 300 + b'"x"' + b"]" * 300
+    bodies = {"deep": b'{"input": [{"type": "message", "content": ' + deep + b"}]}",
+              "plain": orjson.dumps({"input": [{"type": "message", "role": "user",
+                                                "content": "hi"}]})}
+    recorder = Recorder(ledger, PartCounter(len))
+    for session, raw in bodies.items():
+        assert recorder.put(Pending(
+            Record(at=time.time(), session_id=session, model="gpt-5", status=200,
+                   input_tokens=10),
+            raw, None, parsed=True))
+    recorder.start()  # both rows in one batch
+    await recorder.join()
+    [deep_row] = await ledger.timeline("deep")
+    [plain_row] = await ledger.timeline("plain")
+    assert deep_row.client_tokens is None
+    assert plain_row.client_tokens is not None and plain_row.client_tokens > 0
+    await recorder.close()
