@@ -496,7 +496,7 @@ class SqliteStore:
     ) -> list[Hit]:
         db = self._db()
         token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
-        within = _within(scope)
+        within = _within(token)
         total = int(db.execute("SELECT max(id) FROM memories").fetchone()[0] or 0)
 
         def count(some: Sequence[str], cap: int) -> builtins.list[int]:
@@ -940,9 +940,8 @@ def _fold(token: str) -> str:
     return token
 
 
-def _within(scope: Scope) -> Callable[[str], str]:
-    """A full-text query confined to ``scope``'s records."""
-    token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
+def _within(token: str) -> Callable[[str], str]:
+    """A full-text query confined to the records of the scope whose ``scope_token`` this is."""
     return lambda query: f'scope : "{token}" AND ({query})'
 
 
