@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, Protocol, TypeVar
+
+from memory.lanes import Lane
 
 __all__ = ["THREADS", "Offload", "Pool"]
 
@@ -43,9 +44,9 @@ class Pool:
     writes."""
 
     def __init__(self, threads: int = THREADS, background_threads: int = 1) -> None:
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="ctxproxy-memory-cpu")
-        self._background = ThreadPoolExecutor(background_threads,
-                                              thread_name_prefix="ctxproxy-memory-bg")
+        # Lanes: the oldest user turn's work first (memory.lanes).
+        self._executor = Lane(threads, "ctxproxy-memory-cpu")
+        self._background = Lane(background_threads, "ctxproxy-memory-bg")
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from memory import lanes
 from memory.cpu import Offload
 from memory.health import Health
 from memory.model import Memory, Scope, Store, StoreError
@@ -358,6 +359,7 @@ class Distiller:
             self._task = None
 
     async def _loop(self) -> None:
+        lanes.background()  # no request waits for it
         while True:
             await self._wake.wait()
             try:

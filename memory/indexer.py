@@ -16,6 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
+from memory import lanes
 from memory.embed import Embedder, EmbedError
 from memory.health import Health
 from memory.model import Memory, Store, StoreError
@@ -90,6 +91,7 @@ class Indexer:
             await self._step()
 
     async def _loop(self) -> None:
+        lanes.background()  # no request waits for it
         while True:
             await self._wake.wait()
             self._wake.clear()

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from memory import lanes
 from memory.health import Health
 from memory.model import StoreError
 
@@ -125,6 +126,8 @@ class WriteQueue:
                 await task
 
     async def _one(self, job: Job, key: Hashable, lane: _Lane, size: int) -> None:
+        # No request waits for a queued write: its store work goes after the turns' own.
+        lanes.background()
         try:
             await self._started.wait()
             async with lane.lock, self._slots:

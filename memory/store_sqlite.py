@@ -20,7 +20,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ import orjson
 from cachetools import LRUCache
 
 from config.files import WriteLock, private_file, wal
+from memory.lanes import Lane
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
 from memory.vectors import Match, VectorIndex, VectorRow
@@ -287,12 +287,12 @@ class SqliteStore:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Lane | None = None
         # Reads (search, list, get, stored) on connections of their own, one per reader
         # thread: in WAL they never wait for a write, nor a turn's recall for the writes and
         # the other sessions' reads queued on the one writer thread.
-        self._readers: ThreadPoolExecutor | None = None
-        self._searchers: ThreadPoolExecutor | None = None
+        self._readers: Lane | None = None
+        self._searchers: Lane | None = None
         self._reader_conns: builtins.list[sqlite3.Connection] = []
         self._local = threading.local()  # each thread's connection
         self._lock = WriteLock(self.path)  # one writing process at a time (WORKERS)
@@ -307,10 +307,11 @@ class SqliteStore:
     async def open(self) -> None:
         """Open the file (creating it and its folder) and run pending migrations."""
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-sqlite")
-            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="ctxproxy-sqlite-read")
-            self._searchers = ThreadPoolExecutor(SEARCHERS,
-                                                 thread_name_prefix="ctxproxy-sqlite-search")
+            # Lanes: each serves the oldest user turn's work first, and episode writes
+            # after a turn's own (memory.lanes).
+            self._executor = Lane(1, "ctxproxy-sqlite")
+            self._readers = Lane(READERS, "ctxproxy-sqlite-read")
+            self._searchers = Lane(SEARCHERS, "ctxproxy-sqlite-search")
         try:
             self._conn = await self._run(self._connect)
         except StoreError:
@@ -385,7 +386,7 @@ class SqliteStore:
         lane = self._searchers if search else self._readers
         return await self._on(lane if self._conn is not None else None, read)
 
-    async def _on(self, executor: ThreadPoolExecutor | None, fn: Callable[..., T],
+    async def _on(self, executor: Lane | None, fn: Callable[..., T],
                   *args: Any) -> T:
         if executor is None:
             raise StoreError("sqlite: the memory store is not open")

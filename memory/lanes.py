@@ -1,0 +1,124 @@
+"""Thread lanes that serve the oldest user turn first.
+
+A new turn's memory goes through a chain of hops, one after another: split the history (a CPU
+thread), write working memory (the store's writer), read the standing memory and search (the
+store's readers), pick (a CPU thread), render. Each hop waits in a queue of its own. First come,
+first served at every hop, a turn that has waited at one hop queues again behind every turn that
+arrived meanwhile at the next, and its waits add up: under load a turn's preparation took ten
+times its work (bench/load.py, 200 sessions). So a lane serves its work by when the user turn
+it is for began (``turn``): a turn under way goes before a turn just arrived, at every hop,
+and its wait is about one queue's, not the sum of six.
+
+Work that no request waits for (storing episodes, distillation, refreshing TTLs: ``background``)
+is due ``BACKGROUND_DELAY_S`` after it was handed in, so a turn's writes never queue behind a
+backlog of episode writes, and the backlog still moves: it waits at most that much longer than
+request work handed in at the same time. Work of neither kind is due when it is handed in.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
+
+__all__ = ["BACKGROUND_DELAY_S", "Lane", "background", "due", "turn"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+BACKGROUND_DELAY_S = 0.5
+_BACKGROUND = -1.0  # the mark of background work (monotonic times are never negative)
+
+# When the user turn the current task works for began (time.monotonic()), or _BACKGROUND.
+_turn_began: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "ctxproxy_turn_began", default=None
+)
+
+
+def turn(began: float) -> None:
+    """Mark the current task (and the tasks it starts from now on) as preparing a user turn
+    that began at ``began`` (``time.monotonic()``)."""
+    _turn_began.set(began)
+
+
+def background() -> None:
+    """Mark the current task (and the tasks it starts from now on) as work no request waits
+    for."""
+    _turn_began.set(_BACKGROUND)
+
+
+def due() -> float:
+    """When work handed in now by the current task is due (the lanes' order)."""
+    began = _turn_began.get()
+    now = time.monotonic()
+    if began is None:
+        return now
+    if began == _BACKGROUND:
+        return now + BACKGROUND_DELAY_S
+    return began
+
+
+class Lane(Executor):
+    """``threads`` worker threads taking work earliest ``due()`` first (ties: in the order
+    handed in). ``submit`` reads ``due()`` in the caller's context: the event loop's thread,
+    where the task's marks are."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._ready: list[tuple[float, int, Future[Any], Callable[[], Any]]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{n}", daemon=True)
+            for n in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        when = due()
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("cannot schedule new work after shutdown")
+            heapq.heappush(self._ready, (when, next(self._order), future,
+                                         lambda: fn(*args, **kwargs)))
+            self._changed.notify()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more work; with ``cancel_futures`` drop what has not started; the threads
+        end once the lane is empty (``wait``: this returns when they have)."""
+        with self._changed:
+            self._closed = True
+            if cancel_futures:
+                for _, _, future, _ in self._ready:
+                    future.cancel()
+                self._ready.clear()
+            self._changed.notify_all()
+        if wait:
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                while not self._ready and not self._closed:
+                    self._changed.wait()
+                if not self._ready:
+                    return  # closed and empty
+                _, _, future, call = heapq.heappop(self._ready)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # handed to whoever awaits the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)

@@ -1,0 +1,158 @@
+"""The lanes serve the oldest user turn first, episode writes after a turn's own."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from memory import lanes
+from memory.lanes import Lane
+from memory.store_sqlite import SqliteStore
+from tests.memory.test_sqlite_store import SCOPE, mem
+
+
+async def _in_task(mark: object, lane: Lane, fn: object) -> asyncio.Future[object]:
+    """Hand ``fn`` to ``lane`` from a task of its own, marked as ``mark`` says."""
+
+    async def hand_in() -> object:
+        if mark == "background":
+            lanes.background()
+        elif isinstance(mark, float):
+            lanes.turn(mark)
+        return await asyncio.get_running_loop().run_in_executor(lane, fn)
+
+    task = asyncio.ensure_future(hand_in())
+    await asyncio.sleep(0)  # submitted now, in this order
+    return task
+
+
+def _blocked(lane: Lane) -> threading.Event:
+    """Keep the lane's one thread busy until the event is set."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    lane.submit(hold)
+    assert started.wait(5)
+    return release
+
+
+async def test_the_oldest_turns_work_goes_first_whatever_order_it_came_in() -> None:
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    done: list[str] = []
+    began = time.monotonic()
+    tasks = [await _in_task(began - age, lane, lambda name=name: done.append(name))
+             for name, age in [("newest", 0.0), ("oldest", 3.0), ("middle", 1.0)]]
+    release.set()
+    await asyncio.gather(*tasks)
+    assert done == ["oldest", "middle", "newest"]
+    lane.shutdown()
+
+
+async def test_unmarked_work_is_first_come_first_served() -> None:
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    done: list[int] = []
+    tasks = [await _in_task(None, lane, lambda n=n: done.append(n)) for n in range(5)]
+    release.set()
+    await asyncio.gather(*tasks)
+    assert done == [0, 1, 2, 3, 4]
+    lane.shutdown()
+
+
+async def test_background_work_waits_for_turns_but_not_for_ever() -> None:
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    done: list[str] = []
+    now = time.monotonic()
+    tasks = [
+        await _in_task("background", lane, lambda: done.append("episode")),
+        # A turn that began just now goes before the episode write handed in with it ...
+        await _in_task(now, lane, lambda: done.append("turn")),
+        # ... one that comes BACKGROUND_DELAY_S after it goes after it.
+        await _in_task(now + lanes.BACKGROUND_DELAY_S + 1.0, lane,
+                       lambda: done.append("later turn")),
+    ]
+    release.set()
+    await asyncio.gather(*tasks)
+    assert done == ["turn", "episode", "later turn"]
+    lane.shutdown()
+
+
+async def test_a_failure_reaches_whoever_awaits_it_and_the_lane_goes_on() -> None:
+    lane = Lane(2, "test-lane")
+    loop = asyncio.get_running_loop()
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await loop.run_in_executor(lane, boom)
+    assert await loop.run_in_executor(lane, lambda: 41 + 1) == 42
+    lane.shutdown()
+
+
+def test_shutdown_cancels_what_has_not_started_and_refuses_more() -> None:
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    pending = lane.submit(lambda: "never")
+    closing = threading.Thread(target=lane.shutdown, kwargs={"cancel_futures": True})
+    closing.start()
+    release.set()
+    closing.join(5)
+    assert not closing.is_alive() and pending.cancelled()
+    with pytest.raises(RuntimeError):
+        lane.submit(lambda: None)
+
+
+def test_shutdown_waits_for_queued_work_without_cancel() -> None:
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    queued = lane.submit(lambda: "ran")
+    release.set()
+    lane.shutdown(wait=True)
+    assert queued.result(0) == "ran"
+
+
+async def test_a_turns_write_goes_before_episode_writes_queued_ahead_of_it(
+    tmp_path: Path,
+) -> None:
+    """The store's one writer thread: a turn's own write (working memory, which the request
+    waits for) is not held up by the episode writes already waiting for it."""
+    path = tmp_path / "memory.sqlite3"
+    store = SqliteStore(path)
+    await store.open()
+    other = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another worker mid-write: the writer thread waits
+    landed: list[str] = []
+
+    async def write(key: str, mark: str) -> None:
+        if mark == "background":
+            lanes.background()
+        else:
+            lanes.turn(time.monotonic())
+        await store.upsert([mem(key, f"text of {key}")])
+        landed.append(key)
+
+    try:
+        writes = [asyncio.ensure_future(write(f"episode-{n}", "background")) for n in range(4)]
+        await asyncio.sleep(0.2)  # the first is on the writer thread, the rest wait
+        writes.append(asyncio.ensure_future(write("working", "turn")))
+        await asyncio.sleep(0.2)
+    finally:
+        fcntl.flock(other, fcntl.LOCK_UN)
+        os.close(other)
+    await asyncio.gather(*writes)
+    assert landed == ["episode-0", "working", "episode-1", "episode-2", "episode-3"]
+    assert len(await store.list(SCOPE)) == 5
+    await store.close()
