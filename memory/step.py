@@ -29,6 +29,7 @@ from prometheus_client import Counter, Histogram
 from config import Settings
 from injectors import memory_blocks
 from injectors.instructions import SEPARATOR, append_block
+from memory import lanes
 from memory import turns as turns_
 from memory.cpu import Offload
 from memory.health import Health
@@ -253,31 +254,33 @@ class MemoryStep:
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange) -> Prepared:
         start = time.perf_counter()
+        # Every hop of this turn (and of the reads it starts) goes before later turns'.
+        lanes.turn(time.monotonic())
         now = time.time()
-        # Splitting digests every item of the history: in a worker, not on the loop.
-        turns = await self._offload(turns_.split, session, ex.history, ex.first_turn)
-        if not turns:
-            return Prepared()
         # Working memory is a session's own: a client that names no session (no session id,
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
         # shared by everyone who opens the same way. Its turns are still remembered.
         own = session if ex.identity.session_id else ""
-        window = {t.prompt_key for t in turns if t.in_window}
         forwarded = _forwarded_turns(ex, scope, session)
-        kept = [self._shown.get(key) for _, key in forwarded[:-1]]
-        # Memories the model still sees in the window: the turns it shows whole (a turn with
-        # masked outputs is not: recall may show the lines masking removed), and the recall
-        # messages kept in place.
-        whole = {t.prompt_key for t in turns
-                 if t.in_window and t.index not in ex.masked_turns}
         newest = self._shown.get(forwarded[-1][1]) if forwarded else None
-        # This turn's recall reads go out first, beside working memory's writes and the
-        # standing selection's reads: only the pick needs those.
+        # This turn's recall reads go out first (they need only its prompt), beside the
+        # split, working memory's writes and the standing selection's reads: only the pick
+        # needs those. The search is the longest hop of a turn.
+        history = ex.history
         found = (None if newest is not None  # this turn recalled already (a retry, ...)
-                 else asyncio.ensure_future(
-                     self._recaller.gather(scope, own, turns[-1].user, now)))
+                 else asyncio.ensure_future(self._recaller.gather(
+                     scope, own, history.prompt_text(history.turns - 1), now)))
         writing: asyncio.Future[None] | None = None
         try:
+            # Splitting digests every item of the history: in a worker, not on the loop.
+            turns = await self._offload(turns_.split, session, history, ex.first_turn)
+            window = {t.prompt_key for t in turns if t.in_window}
+            kept = [self._shown.get(key) for _, key in forwarded[:-1]]
+            # Memories the model still sees in the window: the turns it shows whole (a turn
+            # with masked outputs is not: recall may show the lines masking removed), and the
+            # recall messages kept in place.
+            whole = {t.prompt_key for t in turns
+                     if t.in_window and t.index not in ex.masked_turns}
             if own:
                 update = self._update_working(scope, session, turns, now, ex.history.compacted)
                 if self._working.knows(scope, session):

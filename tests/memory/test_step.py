@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from config import load_settings
 from injectors import memory_blocks, tokens
+from memory import turns as turns_
 from memory.health import Health
 from memory.ingest import Ingester
 from memory.queue import WriteQueue
@@ -146,3 +148,40 @@ async def test_a_store_failure_is_counted_and_the_request_goes_without_memory(
     assert "instructions" not in ex.body
     assert len(rig.failures) == 2  # working memory, then recall
     await rig.store.open()
+
+
+async def test_a_turns_search_goes_out_before_its_history_is_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search is a turn's longest hop: it needs only the prompt, so it does not wait for
+    the split (a worker thread's turn, which under load means a queue)."""
+    settings = load_settings(env={}, data_dir=tmp_path, keep_turns=2, memory_timeout_ms=10_000)
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    searched = asyncio.Event()
+    search = store.search
+
+    async def seen(*args: Any, **kwargs: Any) -> Any:
+        searched.set()
+        return await search(*args, **kwargs)
+
+    monkeypatch.setattr(store, "search", seen)
+
+    async def offload(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if fn is turns_.split:  # the split's thread is busy until the search has gone out
+            await asyncio.wait_for(searched.wait(), 5)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    health = Health(lambda: None)
+    queue = WriteQueue(100, health)
+    recaller = Recaller(store, weights=Weights(), k=5, budget=1200, cost=_cost,
+                        overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)))
+    step = MemoryStep(settings, working=Working(store, queue, 1800), ingester=Ingester(store),
+                      recaller=recaller, queue=queue, health=health, offload=offload)
+    rig = Rig(step, store, queue, [], settings)
+    ex = await rig.run(history("Set up the repo.", "Which port is the database on?"))
+    assert searched.is_set() and not ex.notes.memory_degraded
+    await step.close()
+    queue.start()
+    await queue.close()
+    await store.close()
