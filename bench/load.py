@@ -377,6 +377,9 @@ class Outcome:
     log_tail: str
     relay: Run  # the same load through the bare aiohttp relay
     relay_cpu_s: float
+    # The proxy's hold of each measured request before it went upstream (the access log's
+    # prepare_ms), by its memory cache: "miss" a new user turn, "hit" a later request of it.
+    prepare_ms: dict[str, list[float]] = field(default_factory=dict)
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
@@ -406,9 +409,11 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
                             settings)
         pids = tree(proxy.popen.pid)
         cpu_at: list[float] = []
+        log_at: list[int] = []
 
         def measuring() -> None:
             cpu_at.append(tree_cpu_s(pids))
+            log_at.append(proxy.log.stat().st_size if proxy is not None else 0)
             print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
 
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
@@ -428,7 +433,23 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     # The memory side logs the first failure of each part (and its recovery).
     degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
     return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
-                   log[-3000:], relay, relay_cpu)
+                   log[-3000:], relay, relay_cpu, prepared(proxy, log_at[0] if log_at else 0))
+
+
+def prepared(proxy: Proc | None, offset: int) -> dict[str, list[float]]:
+    """The access log's prepare_ms from ``offset`` on, by memory cache (miss, hit)."""
+    out: dict[str, list[float]] = collections.defaultdict(list)
+    if proxy is None:
+        return out
+    with proxy.log.open("rb") as f:
+        f.seek(offset)
+        for line in f:
+            if b'"prepare_ms"' not in line:
+                continue
+            with contextlib.suppress(orjson.JSONDecodeError):
+                entry = orjson.loads(line)
+                out[str(entry.get("memory_cache", "none"))].append(float(entry["prepare_ms"]))
+    return out
 
 
 async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
@@ -516,6 +537,11 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of one core, "
         f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request); the bare relay's "
         f"{1000 * o.relay_cpu_s / max(r0.ok, 1):.1f} ms per request.",
+        "- How long the proxy held a request before forwarding it (the access log's "
+        "prepare_ms, measured run): " + "; ".join(
+            f"{name} {len(v):,}, p50 {_q(v, .5) / 1000:.1f} ms, p99 {_q(v, .99) / 1000:.1f} ms"
+            for name, key in (("new user turns", "miss"), ("their later requests", "hit"))
+            if (v := o.prepare_ms.get(key))) + ".",
         "- From the proxy's /metrics (warm-up included"
         + (f"; one worker's of {args.workers}" if args.workers > 1 else "") + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
