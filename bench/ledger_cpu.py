@@ -79,7 +79,8 @@ async def capture(scripts: int, turns: int, workdir: Path) -> list[tuple[Pending
         context, tools = _session.context_items(random.Random(3)), _session.tools()
         async with aiohttp.ClientSession() as http:
             for seed in range(scripts):
-                thread = Thread(Script.make(seed, turns), seed, context, tools, 0.0, rng=rng)
+                thread = Thread(Script.make(seed, turns), seed, context, tools, 0.0, rng=rng,
+                                answers="fixed")  # its RESULTS block was made so
                 for body, headers in thread.requests():
                     async with http.post(proxy.url + "/v1/responses", data=body,
                                          headers=headers) as resp:

@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import functools
 import os
 import random
 import re
@@ -53,7 +54,7 @@ import orjson
 
 from bench import _session
 from bench._results import RESULTS, write_block
-from bench._upstream import answer_events
+from bench._upstream import ANSWER_HEADER, answer_events, item_events
 from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
 from bench.recall import backend
 from memory.store_pg import PostgresStore
@@ -78,23 +79,60 @@ class Script:
     """One Codex thread's turns: the items each turn adds to the history, in order."""
 
     turns: tuple[tuple[Item, ...], ...]
+    seed: int = 0
 
     @staticmethod
+    @functools.cache
     def make(seed: int, turns: int) -> Script:
         rng = random.Random(seed)
-        return Script(tuple(tuple(_session._turn(rng, n)) for n in range(1, turns + 1)))
+        return Script(tuple(tuple(_session._turn(rng, n)) for n in range(1, turns + 1)), seed)
 
 
-def _tool_loop_prefix(turn: Sequence[Item]) -> list[Item] | None:
-    """The items of a turn up to its first tool outputs: what Codex sends after running the
-    tools; None for a turn without tools."""
-    last = None
-    for n, item in enumerate(turn):
-        if str(item.get("type", "")).endswith("call_output"):
-            last = n
-        elif last is not None:
-            break
-    return None if last is None else list(turn[: last + 1])
+def _is_output(item: Item) -> bool:
+    return str(item.get("type", "")).endswith("call_output")
+
+
+def request_ends(turn: Sequence[Item], answers: str = "script") -> list[int]:
+    """Where each request of a turn ends its history: after the prompt, then after each batch
+    of tool outputs (Codex asks the model again once it has run the calls). ``fixed``
+    answers: after the prompt and the first batch only (the bench before the upstream
+    answered with the script's items)."""
+    ends = [1]
+    for n in range(1, len(turn)):
+        if _is_output(turn[n - 1]) and not _is_output(turn[n]):
+            ends.append(n)
+    if _is_output(turn[-1]):
+        ends.append(len(turn))
+    return ends[:2] if answers == "fixed" else ends
+
+
+def answer_items(turn: Sequence[Item], end: int) -> list[Item]:
+    """What the model answers the request whose history ends at ``end`` of the turn: its
+    items up to the next batch of tool outputs (the calls the client runs), else to the end
+    of the turn (the final answer)."""
+    stop = next((n for n in range(end, len(turn)) if _is_output(turn[n])), len(turn))
+    return list(turn[end:stop])
+
+
+def answer_key(script: Script, turn: int, step: int) -> str:
+    """The x-bench-answer header: which answer the fake upstream streams."""
+    return f"{script.seed}:{len(script.turns)}:{turn}:{step}"
+
+
+def answer_streams(scripts: Sequence[Script]) -> dict[str, bytes]:
+    """Every answer of ``scripts``, by key: made before anything is timed."""
+    return {key: answer_stream(key) for script in scripts
+            for n, turn in enumerate(script.turns)
+            for key in (answer_key(script, n, step) for step in range(len(request_ends(turn))))}
+
+
+@functools.lru_cache(maxsize=4096)
+def answer_stream(key: str) -> bytes:
+    """The SSE bytes of the answer ``key`` names (bench/_upstream.py streams the same)."""
+    seed, turns, turn, step = (int(part) for part in key.split(":"))
+    items = Script.make(seed, turns).turns[turn]
+    return b"".join(item_events(answer_items(items, request_ends(items)[step]),
+                                ANSWER_EVENTS))
 
 
 @dataclass
@@ -109,18 +147,21 @@ class Thread:
     jitter: float = 0.0  # each answer's pace is pace_ms times 1 +- up to this
     rng: random.Random = field(default_factory=random.Random)
     session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    # script: the upstream answers each request with the script's own next items, which the
+    # client sends back as they came (as Codex does); fixed: one canned answer for every
+    # request, and two requests a turn at most (the bench until 2026-12-01).
+    answers: str = "script"
 
     def requests(self, first_turn: int = 0) -> Iterator[tuple[bytes, dict[str, str]]]:
         """Its requests in order, from ``first_turn`` on (a thread already under way)."""
         done: list[Item] = [item for turn in self.script.turns[:first_turn] for item in turn]
         for n, turn in enumerate(self.script.turns[first_turn:], start=first_turn):
             turn_id = f"{self.session_id[:8]}-turn-{n}"
-            steps = [list(turn[:1])]
-            tool_loop = _tool_loop_prefix(turn)
-            if tool_loop is not None:
-                steps.append(tool_loop)
-            for items in steps:
-                yield self._body([*self.context, *done, *items], turn_id), self._headers(turn_id)
+            for step, end in enumerate(request_ends(turn, self.answers)):
+                headers = self._headers(turn_id)
+                if self.answers == "script":
+                    headers[ANSWER_HEADER] = answer_key(self.script, n, step)
+                yield self._body([*self.context, *done, *turn[:end]], turn_id), headers
             done += turn
 
     def _meta(self, turn_id: str) -> str:
@@ -201,14 +242,15 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
 
 async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
                 pace_ms: float, seed: int, *, jitter: float = 0.0, warmup: float = 0.0,
-                measuring: Callable[[], None] = lambda: None) -> tuple[Run, Run]:
+                measuring: Callable[[], None] = lambda: None,
+                answers: str = "script") -> tuple[Run, Run]:
     """``users`` virtual users running threads back to back for ``warmup`` + ``seconds``; a
     request started in time is finished and counted: in the first Run when it started in
     the warm-up, else in the second. The same users go on from the warm-up into the
     measurement (``measuring`` is called between the two), so what is measured is a steady
     state, not every session arriving at once."""
     warm, run = Run(), Run()
-    expected = b"".join(answer_events())
+    fixed = b"".join(answer_events())
     rng = random.Random(seed)
     context = _session.context_items(random.Random(seed))
     tools = _session.tools()
@@ -226,11 +268,14 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
         # come over its own keep-alive connection (and so, with SO_REUSEPORT, to one worker).
         async with aiohttp.ClientSession(timeout=timeout) as client:
             while time.perf_counter() < stop_at:
-                thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter, rng)
+                thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter, rng,
+                                answers=answers)
                 for body, headers in thread.requests(first_turn):
                     now = time.perf_counter()
                     if now >= stop_at:
                         return
+                    key = headers.get(ANSWER_HEADER)
+                    expected = fixed if key is None else answer_stream(key)
                     await one(client, url, body, headers, expected,
                               run if now >= measure_at else warm)
                 first_turn = 0
@@ -397,13 +442,16 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     scripts = [Script.make(seed, args.turns) for seed in range(SCRIPTS)]
     wiki = knowledge(workdir, data_dir)
     port = free_port()
-    upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port)],
+    answer_streams(scripts)  # the client's expected bytes, made before anything is timed
+    upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port),
+                                  "--scripts", str(SCRIPTS), "--turns", str(args.turns)],
                      _server_env({}), port, workdir)
     proxy: Proc | None = None
     try:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
-                                args.pace_ms, seed=1, jitter=args.jitter)
+                                args.pace_ms, seed=1, jitter=args.jitter,
+                                answers=args.answers)
         relay, relay_cpu = await bare_relay(args, upstream, workdir, scripts)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
                             settings)
@@ -420,7 +468,7 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         warm, proxied = await drive(proxy.url, args.sessions, args.seconds, scripts,
                                     args.pace_ms, seed=3, jitter=args.jitter,
                                     warmup=args.warmup_seconds,
-                                    measuring=measuring)
+                                    measuring=measuring, answers=args.answers)
         cpu = tree_cpu_s(pids) - cpu_at[0]
         metrics = scrape(proxy)
         peak = sum(vm_kib(pid, "VmHWM") for pid in pids)
@@ -467,7 +515,8 @@ async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
               flush=True)
         _, run = await drive(naive.url, args.sessions, args.direct_seconds, scripts,
                              args.pace_ms, seed=2, jitter=args.jitter, warmup=RELAY_WARMUP_S,
-                             measuring=lambda: cpu_at.append(tree_cpu_s(pids)))
+                             measuring=lambda: cpu_at.append(tree_cpu_s(pids)),
+                             answers=args.answers)
         return run, tree_cpu_s(pids) - cpu_at[0]
     finally:
         stop(naive)
@@ -591,6 +640,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="each answer's pace is --pace-ms times 1 +- up to this (0: every "
                              "answer takes as long, and sessions that start together stay "
                              "in step)")
+    parser.add_argument("--answers", choices=("script", "fixed"), default="script",
+                        help="script: the upstream answers each request with the thread "
+                             "script's next items (tool calls, then the final answer), which "
+                             "the client sends back, a request per tool round, as Codex does; "
+                             "fixed: one canned answer to every request, two requests a turn "
+                             "at most (the bench before 2026-12-01's third session)")
     parser.add_argument("--workers", type=int, default=1,
                         help="CTXPROXY_WORKERS of the proxy (its own block in RESULTS.md)")
     parser.add_argument("--postgres", action="store_true",

@@ -1,0 +1,58 @@
+"""bench/load.py's threads and fake upstream: answered as Codex would be, sent back as it is."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import orjson
+from aiohttp.test_utils import TestClient, TestServer
+
+from bench import _session
+from bench._upstream import ANSWER_HEADER, create_app
+from bench.load import Script, Thread, answer_stream
+
+
+def _completed_output(stream: bytes) -> list[dict[str, object]]:
+    last = [event for event in stream.split(b"\n\n") if event][-1]
+    payload = orjson.loads(last.split(b"data: ", 1)[1])
+    assert payload["type"] == "response.completed"
+    return list(payload["response"]["output"])
+
+
+def _thread(answers: str) -> Thread:
+    return Thread(Script.make(5, 8), 0, _session.context_items(random.Random(3)),
+                  _session.tools(), 0.0, rng=random.Random(1), answers=answers)
+
+
+def test_each_request_sends_back_what_the_upstream_answered_a_request_per_tool_round() -> None:
+    requests = list(_thread("script").requests())
+    calls = 0
+    for (body, headers), (after, _) in itertools.pairwise(requests):
+        sent, then = orjson.loads(body)["input"], orjson.loads(after)["input"]
+        answer = _completed_output(answer_stream(headers[ANSWER_HEADER]))
+        # The next request holds the history, the answer as it came, then (after calls)
+        # their outputs: the proxy stores a turn once, from the answer, under the key the
+        # resent turn gives it.
+        assert then[: len(sent) + len(answer)] == sent + answer
+        calls += sum(str(item["type"]).endswith("call") for item in answer)
+    turns = Script.make(5, 8).turns
+    rounds = sum(1 for turn in turns for n in range(1, len(turn))
+                 if turn[n - 1]["type"].endswith("call_output")
+                 and not turn[n]["type"].endswith("call_output"))
+    assert len(requests) == len(turns) + rounds and calls > 0
+
+
+def test_the_fixed_answers_keep_the_old_shape_two_requests_a_turn_at_most() -> None:
+    script, fixed = list(_thread("script").requests()), list(_thread("fixed").requests())
+    assert len(fixed) < len(script)
+    assert all(ANSWER_HEADER not in headers for _, headers in fixed)
+
+
+async def test_the_fake_upstream_streams_the_answer_the_header_names() -> None:
+    body, headers = next(iter(_thread("script").requests()))
+    async with TestClient(TestServer(create_app())) as client:
+        named = await client.post("/v1/responses", data=body, headers=headers)
+        canned = await client.post("/v1/responses", data=body)
+        assert await named.read() == answer_stream(headers[ANSWER_HEADER])
+        assert await canned.read() != await named.read()
