@@ -10,10 +10,15 @@ take more or less time, so that sessions started together do not stay in step), 
 (``python -m proxy serve``: SQLite memory in a temporary data dir, a wiki added with the
 knowledge CLI and bound to every agent), and this client. Each of ``--sessions`` virtual users
 (over connections of its own, as each Codex process has) runs Codex threads back to back:
-every turn sends the history so far plus the new prompt, then (when the turn used tools) the
-tool-loop request with the calls and their outputs under the same turn id; after ``--turns``
-turns a new thread starts. So the window cuts (from turn 6 on), every finished turn is
-ingested, recall runs on every new turn and the knowledge block goes into every request.
+every turn sends the history so far plus the new prompt, then, for each round of tool calls,
+a tool-loop request with the calls and their outputs under the same turn id; after
+``--turns`` turns a new thread starts. The upstream answers each request with the thread
+script's own next items (its reasoning and tool calls, or the turn's final answer), and the
+client sends them back as they came, as Codex does (``--answers fixed``: one canned answer to
+every request and at most one tool-loop request a turn, the bench before 2026-12-01's third
+session, under which the proxy stored each turn two or three times). So the window cuts
+(from turn 6 on), every finished turn is ingested, recall runs on every new turn and the
+knowledge block goes into every request.
 
 The same load first goes straight to the upstream (the baseline), then through a bare aiohttp
 relay (bench/_naive.py: what any Python relay adds on these cores, for reference), then through
@@ -540,9 +545,13 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"time {seconds:.0f} s.",
         "",
         f"{args.sessions} concurrent streaming sessions (Codex threads of {args.turns} turns, "
-        f"one request per turn plus a tool-loop request when the turn used tools; window 5 "
-        f"turns; {len(AGENTS)} agents of one team, the team's wiki bound to each); the fake "
-        f"upstream streams {ANSWER_EVENTS} events {args.pace_ms:g} ms apart"
+        + ("a request per turn and one per round of tool calls, each answered with the "
+           "script's next items, which the next request sends back"
+           if args.answers == "script" else
+           "a request per turn plus one tool-loop request when the turn used tools, each "
+           "answered with one canned answer")
+        + f"; window 5 turns; {len(AGENTS)} agents of one team, the team's wiki bound to "
+        f"each); the fake upstream streams {ANSWER_EVENTS} events {args.pace_ms:g} ms apart"
         + (f" (each answer's pace times 1 +- up to {args.jitter:g})" if args.jitter else "")
         + ("; PostgreSQL memory store; " if args.pg_url else "; SQLite memory store; ")
         + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
