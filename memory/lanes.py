@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -81,8 +82,16 @@ class Lane(Executor):
             thread.start()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        return self._put(due(), fn, *args, **kwargs)
+
+    def submit_last(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """``submit``, due after all work handed in before it (closing a connection the
+        queued work still needs)."""
+        return self._put(math.inf, fn, *args, **kwargs)
+
+    def _put(self, when: float, fn: Callable[P, T], /, *args: P.args,
+             **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
-        when = due()
         with self._changed:
             if self._closed:
                 raise RuntimeError("cannot schedule new work after shutdown")

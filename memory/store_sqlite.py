@@ -366,9 +366,10 @@ class SqliteStore:
         self._reader_conns.clear()
         if executor is None:
             return
+        # After the writes still queued (a lane serves by due time, not arrival).
         if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
-        await asyncio.get_running_loop().run_in_executor(executor, self._lock.close)
+            await asyncio.wrap_future(executor.submit_last(conn.close))
+        await asyncio.wrap_future(executor.submit_last(self._lock.close))
         executor.shutdown(wait=False)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -156,3 +156,17 @@ async def test_a_turns_write_goes_before_episode_writes_queued_ahead_of_it(
     assert landed == ["episode-0", "working", "episode-1", "episode-2", "episode-3"]
     assert len(await store.list(SCOPE)) == 5
     await store.close()
+
+
+async def test_closing_work_goes_after_everything_handed_in_before_it() -> None:
+    """A store closes its connection after the writes still queued, whatever they are due."""
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    done: list[str] = []
+    tasks = [await _in_task("background", lane, lambda: done.append("episode")),
+             await _in_task(None, lane, lambda: done.append("read"))]
+    closing = lane.submit_last(lambda: done.append("close"))
+    release.set()
+    await asyncio.gather(*tasks, asyncio.wrap_future(closing))
+    assert done == ["read", "episode", "close"]
+    lane.shutdown()
