@@ -74,6 +74,8 @@ class Lane(Executor):
         self._order = itertools.count()
         self._changed = threading.Condition()
         self._closed = False
+        # Daemons: a lane nobody shut down does not hold up the interpreter's exit (the owners
+        # shut theirs down on close; a store write cut at exit is a transaction not made).
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}_{n}", daemon=True)
             for n in range(threads)
