@@ -2,17 +2,19 @@
 
 A new turn's memory goes through a chain of hops, one after another: split the history (a CPU
 thread), write working memory (the store's writer), read the standing memory and search (the
-store's readers), pick (a CPU thread), render. Each hop waits in a queue of its own. First come,
-first served at every hop, a turn that has waited at one hop queues again behind every turn that
-arrived meanwhile at the next, and its waits add up: under load a turn's preparation took ten
-times its work (bench/load.py, 200 sessions). So a lane serves its work by when the user turn
-it is for began (``turn``): a turn under way goes before a turn just arrived, at every hop,
-and its wait is about one queue's, not the sum of six.
+store's readers), pick (a CPU thread), render. Each hop has a queue of its own. Served first
+come, first served, a turn that waited at one hop queues again at the next behind every turn
+that arrived meanwhile, and its write to the store waits behind every episode write handed in
+before it. So a lane serves work by when the user turn it is for began (``turn``): a turn
+under way goes before one that just arrived, at every hop. Measured: a turn's write behind a
+restart's backlog of episode writes, p90 56 -> 16 ms (bench/lanes.py); bench/load.py did not
+tell the two orders apart, its lanes seldom hold a queue (bench/RESULTS.md, Load).
 
 Work that no request waits for (storing episodes, distillation, refreshing TTLs: ``background``)
-is due ``BACKGROUND_DELAY_S`` after it was handed in, so a turn's writes never queue behind a
-backlog of episode writes, and the backlog still moves: it waits at most that much longer than
-request work handed in at the same time. Work of neither kind is due when it is handed in.
+is due ``BACKGROUND_DELAY_S`` after it was handed in: a turn's writes go before the episode
+writes handed in less than that before them, and the backlog still moves, waiting at most that
+much longer than request work handed in at the same time. Work of neither kind is due when it
+is handed in.
 """
 
 from __future__ import annotations
