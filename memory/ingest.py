@@ -88,17 +88,23 @@ class Ingester:
         unseen = [t.key for t in todo if t.key not in known]
         stored = await self._store.stored(scope, "episodic", unseen) if unseen else {}
         before = {**known, **stored}
-        todo = [t for t in todo if before.get(t.key) is not t.in_window]
+        # A turn stored already has its content in its key: one that left the window gets
+        # its flag set, not a render, a redaction and its whole row again.
+        moved = {t.key: t.in_window for t in todo
+                 if t.key in before and before[t.key] is not t.in_window}
+        todo = [t for t in todo if t.key not in before]
         changed = await self._offload(episodes, scope, session, todo, now=now) if todo else []
+        if moved:
+            await self._store.set_in_window(scope, "episodic", moved)
         if changed:
             stored_now = await self._store.upsert(changed)
             self._on_written(stored_now)
             await self._supersede(scope, session, stored_now, answer)
-        if changed or stored:
-            self._remember(where, {**before, **{m.key: m.in_window for m in changed}})
-        if any(m.key not in before for m in changed):
+        if changed or stored or moved:
+            self._remember(where, {**before, **moved, **{m.key: m.in_window for m in changed}})
+        if changed:
             self._on_new(scope)
-        return len(changed)
+        return len(changed) + len(moved)
 
     async def _supersede(
         self, scope: Scope, session: str, written: Sequence[Memory], answer: bool

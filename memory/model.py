@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -143,6 +143,13 @@ class Store(Protocol):
     ) -> dict[str, bool]:
         """Which of ``keys`` (of this scope and ``kind``) are stored: each one's ``in_window`` as
         stored. Expired records count: it answers whether a write would change anything."""
+
+    async def set_in_window(
+        self, scope: Scope, kind: MemoryType, flags: Mapping[str, bool]
+    ) -> int:
+        """Set ``in_window`` of the records of this scope and ``kind`` whose keys ``flags``
+        names (a turn that left the forwarded window, nothing else of it changed); returns how
+        many records there were."""
 
     # --- vectors (hybrid recall; see memory.vectors) ---------------------------------------
 

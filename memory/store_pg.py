@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -519,6 +519,21 @@ class PostgresStore:
             )
             rows = await cur.fetchall()
         return {str(key): bool(in_window) for key, in_window in rows}
+
+    async def set_in_window(
+        self, scope: Scope, kind: MemoryType, flags: Mapping[str, bool]
+    ) -> int:
+        if not flags:
+            return 0
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "UPDATE memories m SET in_window = f.flag FROM unnest(%s::text[], %s::boolean[])"
+                " AS f(key, flag) WHERE m.service_id = %s AND m.team_id = %s"
+                " AND m.agent_id = %s AND m.user_ref = %s AND m.type = %s AND m.key = f.key",
+                (list(flags), list(flags.values()), scope.service_id, scope.team_id,
+                 scope.agent_id, scope.user, kind),
+            )
+            return cur.rowcount
 
     # --- vectors -------------------------------------------------------------------------------
 

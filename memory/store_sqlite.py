@@ -19,7 +19,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -591,6 +591,23 @@ class SqliteStore:
             return out
 
         return await self._read(stored_)
+
+    async def set_in_window(
+        self, scope: Scope, kind: MemoryType, flags: Mapping[str, bool]
+    ) -> int:
+        if not flags:
+            return 0
+
+        def set_() -> int:
+            with self._writing() as db:
+                changed = db.executemany(
+                    "UPDATE memories SET in_window = ? WHERE service_id = ? AND team_id = ?"
+                    " AND agent_id = ? AND user_ref = ? AND type = ? AND key = ?",
+                    [(int(flag), *_scope(scope), kind, key) for key, flag in flags.items()],
+                )
+                return changed.rowcount
+
+        return await self._run(set_)
 
     # --- vectors -------------------------------------------------------------------------------
 

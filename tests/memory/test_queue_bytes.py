@@ -102,3 +102,32 @@ async def test_stored_answers_each_key_with_its_window_flag(store: Store) -> Non
     assert found == {t.key: t.in_window for t in turns if t.complete}
     assert await store.stored(Scope("svc", "other"), "episodic", keys) == {}
     assert await store.stored(scope, "working", keys) == {}
+
+
+async def test_a_turn_that_leaves_the_window_is_not_rendered_again(store: Store) -> None:
+    """Its key holds its content: only its window flag is written, by the process that
+    stored it and by another one (a restart, another worker) alike."""
+    scope = Scope("svc", "team", "agent", "user")
+    history = History(codex.session(6))
+    inside = split("sess", history)  # every turn forwarded
+    here = Recording()
+    writer = Ingester(store, offload=here)
+    await writer.write(scope, "sess", inside, now=time.time())
+    texts = {m.key: m.text for m in await store.list(scope, types=["episodic"], limit=100)}
+    cut = split("sess", history, first_turn=2)  # the window has cut the first two turns
+    out = {t.key for t in cut if t.complete and not t.in_window}
+    assert len(out) == 2
+
+    assert await writer.write(scope, "sess", cut, now=time.time()) == 2
+    assert here.ran == ["episodes"]  # the first write's, none since
+    assert {k for k, inside in (await store.stored(scope, "episodic", list(texts))).items()
+            if not inside} == out
+
+    again = split("sess", history, first_turn=3)  # one more cut, seen by another process
+    elsewhere = Recording()
+    assert await Ingester(store, offload=elsewhere).write(scope, "sess", again,
+                                                          now=time.time()) == 1
+    assert elsewhere.ran == []
+    flags = await store.stored(scope, "episodic", list(texts))
+    assert flags == {t.key: t.in_window for t in again if t.complete}
+    assert {m.key: m.text for m in await store.list(scope, types=["episodic"], limit=100)} == texts

@@ -79,6 +79,26 @@ async def test_same_key_in_another_type_or_scope_is_another_record(store: Store)
     assert len(await store.list(None, now=T0)) == 3
 
 
+async def test_set_in_window_changes_that_flag_of_those_keys_and_nothing_else(
+    store: Store,
+) -> None:
+    other = replace(SCOPE, agent_id="agent-2")
+    kept = await store.upsert([
+        mem("turn one", "k1", in_window=True), mem("turn two", "k2", in_window=True),
+        mem("turn one", "k1", scope=other, in_window=True),
+        mem("turn one", "k1", type="semantic", in_window=True),
+    ])
+
+    assert await store.set_in_window(SCOPE, "episodic", {"k1": False, "gone": False}) == 1
+
+    assert await store.stored(SCOPE, "episodic", ["k1", "k2"]) == {"k1": False, "k2": True}
+    assert await store.stored(other, "episodic", ["k1"]) == {"k1": True}
+    assert await store.stored(SCOPE, "semantic", ["k1"]) == {"k1": True}
+    after = await store.get(kept[0].memory_id)
+    assert after == replace(kept[0], in_window=False)  # text, times and the rest as they were
+    assert await store.set_in_window(SCOPE, "episodic", {}) == 0
+
+
 async def test_concurrent_upserts_of_the_same_keys_make_one_record_each(store: Store) -> None:
     def batch(n: int) -> list[Memory]:
         return [mem(f"turn {i} text from writer {n}", f"turn-{i}") for i in range(20)]
