@@ -7,7 +7,7 @@ come, first served, a turn that waited at one hop queues again at the next behin
 that arrived meanwhile, and its write to the store waits behind every episode write handed in
 before it. So a lane serves work by when the user turn it is for began (``turn``): a turn
 under way goes before one that just arrived, at every hop. Measured: a turn's write behind a
-restart's backlog of episode writes, p90 56 -> 16 ms (bench/lanes.py); bench/load.py did not
+restart's backlog of episode writes, p90 50 -> 15 ms (bench/lanes.py); bench/load.py did not
 tell the two orders apart, its lanes seldom hold a queue (bench/RESULTS.md, Load).
 
 Work that no request waits for (storing episodes, distillation, refreshing TTLs: ``background``)
