@@ -152,12 +152,7 @@ def _pieces(text: str, n: int) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(cuts)]
 
 
-def _split_events(stream: bytes) -> list[bytes]:
-    """A stream's events, each with its blank line (one write each)."""
-    return [part + b"\n\n" for part in stream.split(b"\n\n") if part]
-
-
-def create_app(scripted: dict[str, bytes] | None = None) -> web.Application:
+def create_app(scripted: dict[str, list[bytes]] | None = None) -> web.Application:
     """``scripted``: the answers an x-bench-answer header names, made before the first
     request (bench/load.py makes them all: one made on the way would be timed)."""
     events = answer_events()
@@ -173,10 +168,10 @@ def create_app(scripted: dict[str, bytes] | None = None) -> web.Application:
         answer = events
         if key is not None:
             if key not in scripted:
-                from bench.load import answer_stream  # it imports this module
+                from bench.load import answer_events_of  # it imports this module
 
-                scripted[key] = answer_stream(key)
-            answer = _split_events(scripted[key])
+                scripted[key] = answer_events_of(key)
+            answer = scripted[key]
         response = web.StreamResponse(headers=sse_headers)
         await response.prepare(request)
         for event in answer:
@@ -203,7 +198,7 @@ def main() -> None:
                         help="make the answers of bench/load.py's first N thread scripts first")
     parser.add_argument("--turns", type=int, default=12, help="of --turns turns each")
     args = parser.parse_args()
-    scripted: dict[str, bytes] = {}
+    scripted: dict[str, list[bytes]] = {}
     if args.scripts:
         from bench.load import Script, answer_streams
 

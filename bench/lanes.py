@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 from bench import _session
@@ -37,7 +38,7 @@ END = "<!-- lanes:end -->"
 SCOPE = Scope("default", "team", "agent", "user")
 
 
-@contextmanager
+@contextlib.contextmanager
 def first_come_first_served() -> Iterator[None]:
     """Every lane in the order work was handed in, whatever it is for."""
     kept = lanes.due
@@ -49,8 +50,6 @@ def first_come_first_served() -> Iterator[None]:
 
 
 def _episodes(session: int, turns: int, now: float) -> list[Memory]:
-    import random
-
     rng = random.Random(session)
     return [Memory(type="episodic", scope=SCOPE, key=f"s{session}-t{n}",
                    text="\n".join(_session._sentence(rng, 14) for _ in range(60)),
@@ -94,11 +93,9 @@ async def measure(sessions: int, turns: int, rounds: int) -> dict[str, list[list
             with tempfile.TemporaryDirectory(prefix="ctxproxy-lanes-") as tmp:
                 store = SqliteStore(Path(tmp) / "memory.sqlite3")
                 await store.open()
+                order = first_come_first_served() if name == "fifo" else contextlib.nullcontext()
                 try:
-                    if name == "fifo":
-                        with first_come_first_served():
-                            out[name].append(await _run(store, sessions, turns))
-                    else:
+                    with order:
                         out[name].append(await _run(store, sessions, turns))
                 finally:
                     await store.close()

@@ -124,20 +124,25 @@ def answer_key(script: Script, turn: int, step: int) -> str:
     return f"{script.seed}:{len(script.turns)}:{turn}:{step}"
 
 
-def answer_streams(scripts: Sequence[Script]) -> dict[str, bytes]:
-    """Every answer of ``scripts``, by key: made before anything is timed."""
-    return {key: answer_stream(key) for script in scripts
+def answer_streams(scripts: Sequence[Script]) -> dict[str, list[bytes]]:
+    """Every answer of ``scripts``, by key, as its events: made before anything is timed."""
+    return {key: answer_events_of(key) for script in scripts
             for n, turn in enumerate(script.turns)
             for key in (answer_key(script, n, step) for step in range(len(request_ends(turn))))}
 
 
 @functools.lru_cache(maxsize=4096)
-def answer_stream(key: str) -> bytes:
-    """The SSE bytes of the answer ``key`` names (bench/_upstream.py streams the same)."""
+def answer_events_of(key: str) -> list[bytes]:
+    """The SSE events of the answer ``key`` names, one write each (bench/_upstream.py)."""
     seed, turns, turn, step = (int(part) for part in key.split(":"))
     items = Script.make(seed, turns).turns[turn]
-    return b"".join(item_events(answer_items(items, request_ends(items)[step]),
-                                ANSWER_EVENTS))
+    return item_events(answer_items(items, request_ends(items)[step]), ANSWER_EVENTS)
+
+
+@functools.lru_cache(maxsize=4096)
+def answer_stream(key: str) -> bytes:
+    """The bytes a client receives for the answer ``key`` names."""
+    return b"".join(answer_events_of(key))
 
 
 @dataclass
@@ -447,7 +452,8 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     scripts = [Script.make(seed, args.turns) for seed in range(SCRIPTS)]
     wiki = knowledge(workdir, data_dir)
     port = free_port()
-    answer_streams(scripts)  # the client's expected bytes, made before anything is timed
+    for key in answer_streams(scripts):  # the client's expected bytes, before anything is timed
+        answer_stream(key)
     upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port),
                                   "--scripts", str(SCRIPTS), "--turns", str(args.turns)],
                      _server_env({}), port, workdir)
