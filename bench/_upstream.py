@@ -197,12 +197,14 @@ def main() -> None:
     parser.add_argument("--scripts", type=int, default=0,
                         help="make the answers of bench/load.py's first N thread scripts first")
     parser.add_argument("--turns", type=int, default=12, help="of --turns turns each")
+    parser.add_argument("--shape", default="chat", help="of bench/load.py's --shape")
     args = parser.parse_args()
     scripted: dict[str, list[bytes]] = {}
     if args.scripts:
         from bench.load import Script, answer_streams
 
-        scripted = answer_streams([Script.make(s, args.turns) for s in range(args.scripts)])
+        scripted = answer_streams([Script.make(s, args.turns, args.shape)
+                                   for s in range(args.scripts)])
     web.run_app(create_app(scripted), host=args.host, port=args.port, access_log=None,
                 print=None, backlog=1024)
 

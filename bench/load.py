@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.load                     # 200 sessions, 60 s; writes RESULTS.md
     .venv/bin/python -m bench.load --quick --no-write  # 40 sessions, 10 s; prints only
     .venv/bin/python -m bench.load --workers 2         # CTXPROXY_WORKERS=2: its own block
+    .venv/bin/python -m bench.load --shape agent       # real agent runs (../shared): own block
 
 Processes on loopback: the fake upstream (bench/_upstream.py, its 70 SSE events ``--pace-ms``
 apart, as a model streams tokens; each answer's pace varies by up to ``--jitter``, as answers
@@ -62,6 +63,7 @@ from bench._results import RESULTS, write_block
 from bench._upstream import ANSWER_HEADER, answer_events, item_events
 from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
 from bench.recall import backend
+from bench.trajectories import TRAJECTORIES, Task, load_task, task_items
 from memory.store_pg import PostgresStore
 from memory.store_sqlite import SqliteStore
 
@@ -73,6 +75,11 @@ SCRIPTS = 16  # distinct thread scripts; every thread gets its own session id
 REQUEST_TIMEOUT_S = 60.0
 RELAY_WARMUP_S = 2.0  # the bare relay's own warm-up (its connections), not counted
 ANSWER_EVENTS = 70  # the fake upstream's events per answer (bench/_upstream.py)
+# chat: the bench's own turns (a few tool rounds at most, every other request a new turn);
+# agent: the real agent runs of ../shared/trajectories, a task a turn and a request per
+# command (median 35 a task): where a coding agent spends its requests.
+SHAPES = ("chat", "agent")
+TURNS = {"chat": 12, "agent": 3}  # per thread, unless --turns
 Item = dict[str, Any]
 
 
@@ -85,12 +92,31 @@ class Script:
 
     turns: tuple[tuple[Item, ...], ...]
     seed: int = 0
+    shape: str = "chat"
 
     @staticmethod
     @functools.cache
-    def make(seed: int, turns: int) -> Script:
+    def make(seed: int, turns: int, shape: str = "chat") -> Script:
+        """Thread script ``seed``: of the bench's own turns, or (``agent``) of ``turns``
+        real agent runs in a row, a task each (script ``seed`` takes the runs from
+        ``seed * turns`` on, in name order)."""
+        if shape == "agent":
+            tasks = agent_tasks()
+            picked = [tasks[(seed * turns + j) % len(tasks)] for j in range(turns)]
+            return Script(tuple(tuple(task_items(t, j)) for j, t in enumerate(picked)), seed,
+                          shape)
         rng = random.Random(seed)
         return Script(tuple(tuple(_session._turn(rng, n)) for n in range(1, turns + 1)), seed)
+
+
+@functools.cache
+def agent_tasks() -> list[Task]:
+    """The runs of ../shared/trajectories, by name."""
+    paths = sorted(TRAJECTORIES.glob("*.traj.json"))
+    if not paths:
+        raise SystemExit(f"--shape agent: no trajectories at {TRAJECTORIES} (the shared folder "
+                         "is not here)")
+    return [load_task(p) for p in paths]
 
 
 def _is_output(item: Item) -> bool:
@@ -121,7 +147,7 @@ def answer_items(turn: Sequence[Item], end: int) -> list[Item]:
 
 def answer_key(script: Script, turn: int, step: int) -> str:
     """The x-bench-answer header: which answer the fake upstream streams."""
-    return f"{script.seed}:{len(script.turns)}:{turn}:{step}"
+    return f"{script.shape}:{script.seed}:{len(script.turns)}:{turn}:{step}"
 
 
 def answer_streams(scripts: Sequence[Script]) -> dict[str, list[bytes]]:
@@ -134,8 +160,9 @@ def answer_streams(scripts: Sequence[Script]) -> dict[str, list[bytes]]:
 @functools.lru_cache(maxsize=4096)
 def answer_events_of(key: str) -> list[bytes]:
     """The SSE events of the answer ``key`` names, one write each (bench/_upstream.py)."""
-    seed, turns, turn, step = (int(part) for part in key.split(":"))
-    items = Script.make(seed, turns).turns[turn]
+    shape, *numbers = key.split(":")
+    seed, turns, turn, step = (int(part) for part in numbers)
+    items = Script.make(seed, turns, shape).turns[turn]
     return item_events(answer_items(items, request_ends(items)[step]), ANSWER_EVENTS)
 
 
@@ -449,13 +476,14 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
 
 async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
                    settings: Sequence[str]) -> Outcome:
-    scripts = [Script.make(seed, args.turns) for seed in range(SCRIPTS)]
+    scripts = [Script.make(seed, args.turns, args.shape) for seed in range(SCRIPTS)]
     wiki = knowledge(workdir, data_dir)
     port = free_port()
     for key in answer_streams(scripts):  # the client's expected bytes, before anything is timed
         answer_stream(key)
     upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port),
-                                  "--scripts", str(SCRIPTS), "--turns", str(args.turns)],
+                                  "--scripts", str(SCRIPTS), "--turns", str(args.turns),
+                                  "--shape", args.shape],
                      _server_env({}), port, workdir)
     proxy: Proc | None = None
     try:
@@ -550,10 +578,16 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"Measured {stamp} with `{command}` on {machine().split('. The machine')[0]}. Run "
         f"time {seconds:.0f} s.",
         "",
-        f"{args.sessions} concurrent streaming sessions (Codex threads of {args.turns} turns, "
-        + ("a request per turn and one per round of tool calls, each answered with the "
-           "script's next items, which the next request sends back"
-           if args.answers == "script" else
+        f"{args.sessions} concurrent streaming sessions ("
+        + (f"Codex threads of {args.turns} real agent runs of ../shared/trajectories in a row, "
+           "a user turn each (its task); a request per model call (after the prompt, then after "
+           "each command's output: median 35 a task), each answered with the run's next step, "
+           "which the next request sends back"
+           if args.shape == "agent" else
+           f"Codex threads of {args.turns} turns, a request per turn and one per round of tool "
+           "calls, each answered with the script's next items, which the next request sends "
+           "back" if args.answers == "script" else
+           f"Codex threads of {args.turns} turns, "
            "a request per turn plus one tool-loop request when the turn used tools, each "
            "answered with one canned answer")
         + f"; window 5 turns; {len(AGENTS)} agents of one team, the team's wiki bound to "
@@ -631,11 +665,13 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def write_results(text: str, workers: int = 1, postgres: bool = False) -> None:
-    if workers == 1 and not postgres:
+def write_results(text: str, workers: int = 1, postgres: bool = False,
+                  shape: str = "chat") -> None:
+    if workers == 1 and not postgres and shape == "chat":
         write_block(SECTION, BEGIN, END, text)
         return
-    name = "load" + ("-pg" if postgres else "") + (f"-workers-{workers}" if workers > 1 else "")
+    name = ("load" + ("-agent" if shape == "agent" else "") + ("-pg" if postgres else "")
+            + (f"-workers-{workers}" if workers > 1 else ""))
     write_block(SECTION, f"<!-- {name}:begin (written by bench/load.py) -->",
                 f"<!-- {name}:end -->", text)
 
@@ -648,7 +684,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--direct-seconds", type=float, default=30.0, help="the baseline")
     parser.add_argument("--warmup-seconds", type=float, default=10.0,
                         help="through the proxy, before measuring (the same sessions go on)")
-    parser.add_argument("--turns", type=int, default=12, help="turns per thread")
+    parser.add_argument("--shape", choices=SHAPES, default="chat",
+                        help="chat: the bench's own turns, every other request a new turn; "
+                             "agent: the real agent runs of ../shared/trajectories, a task a "
+                             "turn and a request per command")
+    parser.add_argument("--turns", type=int,
+                        help="turns per thread (default 12; with --shape agent 3 tasks)")
     parser.add_argument("--pace-ms", type=float, default=40.0,
                         help="between the upstream's events (70 per answer)")
     parser.add_argument("--jitter", type=float, default=0.5,
@@ -675,6 +716,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.pg_url = os.environ.get("CTXPROXY_TEST_PG_URL") if args.postgres else None
+    if args.turns is None:
+        args.turns = TURNS[args.shape]
     if args.postgres and not args.pg_url:
         parser.error("--postgres needs CTXPROXY_TEST_PG_URL (`. scripts/services.sh` sets it)")
     if args.profile is not None or args.set:
@@ -696,7 +739,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print("\nfirst errors:\n  " + "\n  ".join(outcome.proxied.first_errors))
         print("\nproxy log (tail):\n" + outcome.log_tail)
     if not args.no_write:
-        write_results(text, args.workers, postgres=bool(args.pg_url))
+        write_results(text, args.workers, postgres=bool(args.pg_url), shape=args.shape)
         print(f"\nwritten to {RESULTS}")
     return 1 if errors else 0
 

@@ -266,17 +266,39 @@ class ReplayModel:
             self.asks[e.task] = e.ask in text
         if e.kind == "compaction":
             return [message(e.summary, f"msg_summary_{len(self.records)}")]
-        task = self.session.tasks[e.task]
-        tag = f"{e.task}_{e.step}"
-        if e.step == len(task.steps):
-            return [reasoning(f"rs_{tag}", "**Done**", ""),
-                    message(f"Submitted the fix for {task.name}; the patch is the output of the "
-                            "last command.", f"msg_{tag}")]
-        step = task.steps[e.step]
-        args = orjson.dumps({"cmd": step.command, "workdir": WORKDIR, "yield_time_ms": 10000})
-        return [reasoning(f"rs_{tag}", step.thought, step.encrypted),
-                {"type": "function_call", "status": "completed", "id": f"fc_{tag}",
-                 "name": "exec_command", "arguments": args.decode(), "call_id": f"call_{tag}"}]
+        return step_answer(self.session.tasks[e.task], e.task, e.step)
+
+
+def step_answer(task: Task, j: int, k: int) -> list[Item]:
+    """What the model answers at step ``k`` of task ``j`` of a session: the step's reasoning
+    and command, or after the last step its closing answer."""
+    tag = f"{j}_{k}"
+    if k == len(task.steps):
+        return [reasoning(f"rs_{tag}", "**Done**", ""),
+                message(f"Submitted the fix for {task.name}; the patch is the output of the "
+                        "last command.", f"msg_{tag}")]
+    step = task.steps[k]
+    args = orjson.dumps({"cmd": step.command, "workdir": WORKDIR, "yield_time_ms": 10000})
+    return [reasoning(f"rs_{tag}", step.thought, step.encrypted),
+            {"type": "function_call", "status": "completed", "id": f"fc_{tag}",
+             "name": "exec_command", "arguments": args.decode(), "call_id": f"call_{tag}"}]
+
+
+def call_output(j: int, k: int, output: str) -> Item:
+    """The output of step ``k``'s command, as Codex sends it back."""
+    return {"type": "function_call_output", "id": f"fco_{j}_{k}", "call_id": f"call_{j}_{k}",
+            "output": output}
+
+
+def task_items(task: Task, j: int) -> list[Item]:
+    """Task ``j`` of a session whole, as it ends up in the client's history: its prompt, each
+    step's answer and output, the closing answer."""
+    items = [user_message(task.prompt, f"msg_task_{j:03d}")]
+    for k in range(len(task.steps) + 1):
+        items += step_answer(task, j, k)
+        if k < len(task.steps):
+            items.append(call_output(j, k, task.steps[k].output))
+    return items
 
 
 def reasoning(item_id: str, summary: str, encrypted: str) -> Item:
@@ -361,8 +383,7 @@ async def replay(http: aiohttp.ClientSession, url: str, session: Session, shapes
             if k < len(task.steps):
                 step = task.steps[k]
                 clock.now += r.uniform(0.1, 5)  # the command runs
-                history.append({"type": "function_call_output", "id": f"fco_{j}_{k}",
-                                "call_id": f"call_{j}_{k}", "output": step.output})
+                history.append(call_output(j, k, step.output))
                 commands.append(step.command)
                 learnt = names(step.command) | names(step.output) | names(step.thought)
                 known |= learnt

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator
 
 import orjson
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import _session
+from bench import _session, load
 from bench._upstream import ANSWER_HEADER, create_app
-from bench.load import Script, Thread, answer_stream
+from bench.load import Script, Thread, answer_events_of, answer_stream
+from bench.trajectories import Step, Task
 
 
 def _completed_output(stream: bytes) -> list[dict[str, object]]:
@@ -20,22 +23,55 @@ def _completed_output(stream: bytes) -> list[dict[str, object]]:
     return list(payload["response"]["output"])
 
 
-def _thread(answers: str) -> Thread:
-    return Thread(Script.make(5, 8), 0, _session.context_items(random.Random(3)),
+def _thread(answers: str, script: Script | None = None) -> Thread:
+    return Thread(script or Script.make(5, 8), 0, _session.context_items(random.Random(3)),
                   _session.tools(), 0.0, rng=random.Random(1), answers=answers)
 
 
-def test_each_request_sends_back_what_the_upstream_answered_a_request_per_tool_round() -> None:
-    requests = list(_thread("script").requests())
+def _resends_each_answer(requests: list[tuple[bytes, dict[str, str]]]) -> int:
+    """Checks each request holds the one before it and its answer; the calls answered."""
     calls = 0
     for (body, headers), (after, _) in itertools.pairwise(requests):
         sent, then = orjson.loads(body)["input"], orjson.loads(after)["input"]
         answer = _completed_output(answer_stream(headers[ANSWER_HEADER]))
-        # The next request holds the history, the answer as it came, then (after calls)
-        # their outputs: the proxy stores a turn once, from the answer, under the key the
-        # resent turn gives it.
         assert then[: len(sent) + len(answer)] == sent + answer
         calls += sum(str(item["type"]).endswith("call") for item in answer)
+    return calls
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Task]]:
+    """Three small agent runs in place of ../shared/trajectories."""
+    tasks = [Task(f"task-{n}", "You are a coding agent.", f"Fix bug {n} in parser.py.", tuple(
+        Step(f"Look at step {k}.", f"grep -n case{k} parser.py", f"{k}: case{k} = {n}", "e" * 8)
+        for k in range(n + 1))) for n in range(3)]
+    monkeypatch.setattr(load, "agent_tasks", lambda: tasks)
+    for cached in (Script.make, answer_events_of, answer_stream):
+        cached.cache_clear()
+    yield tasks
+    for cached in (Script.make, answer_events_of, answer_stream):
+        cached.cache_clear()
+
+
+def test_agent_threads_are_the_runs_in_a_row_a_request_per_model_call(runs: list[Task]) -> None:
+    script = Script.make(1, 2, "agent")
+    requests = list(_thread("script", script).requests())
+    # Script 1 of 2 tasks: runs 2 and 0; a request for the prompt and one per command output.
+    assert len(requests) == (len(runs[2].steps) + 1) + (len(runs[0].steps) + 1)
+    assert _resends_each_answer(requests) == len(runs[2].steps) + len(runs[0].steps)
+    prompts = [item["content"][0]["text"] for turn in script.turns for item in turn
+               if item.get("role") == "user"]
+    assert prompts == [runs[2].prompt, runs[0].prompt]
+    outputs = [item["output"] for item in script.turns[0] if item["type"].endswith("output")]
+    assert outputs == [step.output for step in runs[2].steps]
+
+
+def test_each_request_sends_back_what_the_upstream_answered_a_request_per_tool_round() -> None:
+    requests = list(_thread("script").requests())
+    # The next request holds the history, the answer as it came, then (after calls) their
+    # outputs: the proxy stores a turn once, from the answer, under the key the resent turn
+    # gives it.
+    calls = _resends_each_answer(requests)
     turns = Script.make(5, 8).turns
     rounds = sum(1 for turn in turns for n in range(1, len(turn))
                  if turn[n - 1]["type"].endswith("call_output")
