@@ -8,6 +8,7 @@ thousands. Recall logic, pure.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from bisect import bisect_right
 from collections import Counter
@@ -81,8 +82,13 @@ def _line_words(text: str, wanted: AbstractSet[str]) -> list[frozenset[str]]:
 def _words_by_line(parsed: _Text, wanted: AbstractSet[str]) -> list[frozenset[str]]:
     out = [_NONE] * len(parsed.lines)
     found: dict[int, set[str]] = {}
+    if len(wanted) <= FIND_WORDS:
+        lines_with = parsed.lines_with
+    else:
+        index = _indexed(parsed)
+        lines_with = lambda word: index.get(word, ())  # noqa: E731
     for word in wanted:
-        for n in parsed.lines_with(word):
+        for n in lines_with(word):
             found.setdefault(n, set()).add(word)
     for n, words in found.items():
         out[n] = frozenset(words)
@@ -109,6 +115,13 @@ def _label_chars(line: str) -> int:
 MEMO_BYTES = 32 * 1024 * 1024
 WORDS_PER_TEXT = 64  # the words a parsed text remembers the lines of, at most
 WORD_CHARS = 64  # and each of them this long at most (a longer one is looked for each time)
+# A question of up to this many words finds each in the text (str.find, in C). A longer one
+# (a task's prompt: up to terms' 64 words) reads the lines of every word of the text, worked
+# out once per text: a find per word would cost a pass over the text for each, again for
+# every new question.
+FIND_WORDS = 16
+INDEX_WORD_BYTES = 200  # what the index holds per word of the text, about
+_WORD = re.compile(r"[^\W_]+")  # memory.words' words: the runs _in_word finds
 
 
 class _Text:
@@ -116,9 +129,12 @@ class _Text:
     from (``_contexts``), their labels, and the lines each word asked about stands in (as a
     whole word, after the label), remembered as questions ask."""
 
-    __slots__ = ("_words", "contexts", "labels", "lines", "low", "low_lines", "size", "starts")
+    __slots__ = ("_words", "contexts", "index", "labels", "lines", "low", "low_lines", "size",
+                 "starts", "text")
 
     def __init__(self, text: str) -> None:
+        self.text = text
+        self.index: dict[str, tuple[int, ...]] | None = None  # every word's lines, on demand
         self.lines = tuple(text.split("\n"))
         self.contexts = tuple(_contexts(self.lines))
         self.low = text.lower()
@@ -140,6 +156,15 @@ class _Text:
             if len(word) <= WORD_CHARS and len(self._words) < WORDS_PER_TEXT:
                 self._words[word] = held  # a race only writes the same value twice
         return held
+
+    def build_index(self) -> dict[str, tuple[int, ...]]:
+        """The lines each word of the text stands in (as a whole word, after the label)."""
+        lines: dict[str, list[int]] = {}
+        findall = _WORD.findall
+        for n, (line, label) in enumerate(zip(self.low_lines, self.labels, strict=True)):
+            for word in set(findall(line, label)):
+                lines.setdefault(word, []).append(n)
+        return {word: tuple(held) for word, held in lines.items()}
 
     def _find(self, word: str) -> tuple[int, ...]:
         # Most lines of a long output share no word with a question, so the word is looked
@@ -168,6 +193,22 @@ def _text_size(parsed: _Text) -> int:
 
 _texts: LRUCache[str, _Text] = LRUCache(MEMO_BYTES, getsizeof=_text_size)
 _texts_lock = threading.Lock()
+
+
+def _indexed(parsed: _Text) -> dict[str, tuple[int, ...]]:
+    """``parsed``'s index, built on first use; the memo then counts its bytes too."""
+    index = parsed.index
+    if index is None:
+        index = parsed.build_index()  # a race builds the same twice
+        with _texts_lock:
+            parsed.index = index
+            parsed.size += INDEX_WORD_BYTES * len(index)
+            if _texts.get(parsed.text) is parsed:  # again: the memo reads its new size
+                if parsed.size <= MEMO_BYTES // 16:
+                    _texts[parsed.text] = parsed
+                else:
+                    del _texts[parsed.text]
+    return index
 
 
 def _parse(text: str) -> _Text:

@@ -226,11 +226,25 @@ def test_the_memos_stay_within_their_bounds() -> None:
         assert len(snippets._asked_memo) <= snippets.QUERIES_MEMO
         # A parsed text remembers a few words' lines, none of them long.
         text = "User: q\n" + " ".join(f"w{n}" for n in range(300)) + " " + "x" * 100
-        for n in range(0, 300, 50):
-            assert snippet(text, " ".join(f"w{m}" for m in range(n, n + 50))).match == 1.0
+        short = snippets.FIND_WORDS
+        for n in range(0, 300, short):
+            asked = " ".join(f"w{m}" for m in range(n, min(n + short, 300)))
+            assert snippet(text, asked).match == 1.0
         assert snippet(text, "x" * 100).match == 1.0
-        words = snippets._parse(text)._words
-        assert len(words) == snippets.WORDS_PER_TEXT and "x" * 100 not in words
+        parsed = snippets._parse(text)
+        assert len(parsed._words) == snippets.WORDS_PER_TEXT and "x" * 100 not in parsed._words
+        # A long question reads every word's lines, worked out once: the memo counts them.
+        snippets._texts.clear()
+        parsed = snippets._parse(text)
+        before = snippets._texts.currsize
+        assert parsed.index is None
+        assert snippet(text, " ".join(f"w{m}" for m in range(50))).match == 1.0
+        assert parsed.index is not None and len(parsed.index) == 302
+        assert snippets._texts.currsize == before + snippets.INDEX_WORD_BYTES * 302
+        for n in range(3000):
+            snippet(f"User: ticket {n}\n" + " ".join(f"x{m}" for m in range(2000)),
+                    " ".join(f"ticket {n} x{m}" for m in range(20)))
+        assert snippets._texts.currsize <= snippets.MEMO_BYTES
         # A text too big for a sixteenth of the memo is parsed, never kept.
         huge = "User: q\n" + "w " * (snippets.MEMO_BYTES // 32)
         assert snippet(huge, "w").match == 1.0

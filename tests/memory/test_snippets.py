@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from injectors import memory_blocks, tokens
+from memory import snippets
 from memory.model import Memory, Scope
 from memory.recall import Recaller, Weights
 from memory.snippets import GAP, SNIPPET_TOKENS, questions, snippet
 from memory.store_sqlite import SqliteStore
 from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
+from memory.words import terms
 from request import History
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
@@ -324,3 +326,25 @@ def test_a_question_word_in_an_entry_label_is_not_a_match() -> None:
     cut = snippet(text, "which load tool do we use?", SNIPPET_TOKENS)
     assert cut.match == 2 / 3 and "k6" in cut.text  # load, tool: the answer's line
     assert snippet(text.rsplit("\n", 1)[0], "which tool?", SNIPPET_TOKENS).match == 0.0
+
+
+def test_a_long_question_finds_the_lines_a_word_at_a_time_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = "\n".join([
+        "User: why does parse_config fail on Straße?",
+        "Tool call exec_command: grep -n parse config.py",
+        "Tool output exec_command: config.py:12: def parse(text): return Config(text)",
+        "Tool output exec_command: parse_config parse-config PARSE parsed reparse",
+        "tool output straße 2026 x2 İstanbul",
+        "Tool output tool: call output user",
+    ])
+    words = frozenset([*terms("why parse config straße 2026 x2 istanbul text output call user"),
+                       *(f"filler{n}" for n in range(20))])
+    assert len(words) > snippets.FIND_WORDS
+    monkeypatch.setattr(snippets, "FIND_WORDS", 10**6)
+    by_find = snippets._words_by_line(snippets._Text(text), words)
+    monkeypatch.setattr(snippets, "FIND_WORDS", 16)
+    by_index = snippets._words_by_line(snippets._Text(text), words)
+    assert by_index == by_find
+    assert by_index[3] == {"parse", "config"}  # whole words only, after the label
