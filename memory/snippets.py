@@ -82,7 +82,8 @@ def _line_words(text: str, wanted: AbstractSet[str]) -> list[frozenset[str]]:
 def _words_by_line(parsed: _Text, wanted: AbstractSet[str]) -> list[frozenset[str]]:
     out = [_NONE] * len(parsed.lines)
     found: dict[int, set[str]] = {}
-    if len(wanted) <= FIND_WORDS:
+    if len(wanted) <= FIND_WORDS or parsed.index is None and not parsed.asked_long:
+        parsed.asked_long = parsed.asked_long or len(wanted) > FIND_WORDS
         lines_with = parsed.lines_with
     else:
         index = _indexed(parsed)
@@ -115,10 +116,11 @@ def _label_chars(line: str) -> int:
 MEMO_BYTES = 32 * 1024 * 1024
 WORDS_PER_TEXT = 64  # the words a parsed text remembers the lines of, at most
 WORD_CHARS = 64  # and each of them this long at most (a longer one is looked for each time)
-# A question of up to this many words finds each in the text (str.find, in C). A longer one
-# (a task's prompt: up to terms' 64 words) reads the lines of every word of the text, worked
-# out once per text: a find per word would cost a pass over the text for each, again for
-# every new question.
+# A question of up to this many words finds each in the text (str.find, in C). So does the
+# first longer one (a task's prompt: up to terms' 64 words) a text is asked; from the second
+# on, each word's lines are read off an index of the text, built once: a find per word costs
+# a pass over the text for each word, again for every new question, and the index about as
+# much as one question's finds.
 FIND_WORDS = 16
 INDEX_WORD_BYTES = 200  # what the index holds per word of the text, about
 _WORD = re.compile(r"[^\W_]+")  # memory.words' words: the runs _in_word finds
@@ -129,12 +131,13 @@ class _Text:
     from (``_contexts``), their labels, and the lines each word asked about stands in (as a
     whole word, after the label), remembered as questions ask."""
 
-    __slots__ = ("_words", "contexts", "index", "labels", "lines", "low", "low_lines", "size",
-                 "starts", "text")
+    __slots__ = ("_words", "asked_long", "contexts", "index", "labels", "lines", "low",
+                 "low_lines", "size", "starts", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.index: dict[str, tuple[int, ...]] | None = None  # every word's lines, on demand
+        self.asked_long = False  # by a question longer than FIND_WORDS
         self.lines = tuple(text.split("\n"))
         self.contexts = tuple(_contexts(self.lines))
         self.low = text.lower()

@@ -239,6 +239,8 @@ def test_the_memos_stay_within_their_bounds() -> None:
         before = snippets._texts.currsize
         assert parsed.index is None
         assert snippet(text, " ".join(f"w{m}" for m in range(50))).match == 1.0
+        assert parsed.index is None  # the first long question finds its words
+        assert snippet(text, " ".join(f"w{m}" for m in range(50, 100))).match == 1.0
         assert parsed.index is not None and len(parsed.index) == 302
         assert snippets._texts.currsize == before + snippets.INDEX_WORD_BYTES * 302
         for n in range(3000):
