@@ -82,7 +82,7 @@ def _line_words(text: str, wanted: AbstractSet[str]) -> list[frozenset[str]]:
 def _words_by_line(parsed: _Text, wanted: AbstractSet[str]) -> list[frozenset[str]]:
     out = [_NONE] * len(parsed.lines)
     found: dict[int, set[str]] = {}
-    if len(wanted) <= FIND_WORDS or parsed.index is None and not parsed.asked_long:
+    if len(wanted) <= FIND_WORDS or (parsed.index is None and not parsed.asked_long):
         parsed.asked_long = parsed.asked_long or len(wanted) > FIND_WORDS
         lines_with = parsed.lines_with
     else:
