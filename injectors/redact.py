@@ -161,10 +161,10 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
 
 # A looser RE2 pattern per rule, matching wherever the rule could: one pass of an RE2 set over
 # a text says which rules may match it, and a text with no secret (nearly all) skips the
-# rules' own scans, each of which costs ``re`` a step at every position. Only for ASCII text:
-# there the two engines agree on case and on what ``\s`` is (spelled out below, as ``re``
-# counts \v and \x1c-\x1f too). Every rule needs one (tests/memory/test_redact.py checks
-# that skipping changes nothing).
+# rules' own scans, each of which costs ``re`` a step at every position. On ASCII text the two
+# engines agree on case and on what ``\s`` is (spelled out below, as ``re`` counts \v and
+# \x1c-\x1f too); other text is asked in an ASCII stand-in (``_stand_in``). Every rule needs
+# one (tests/memory/test_redact.py checks that skipping changes nothing).
 _WS = r"[\t\n\v\f\r \x1c-\x1f]"
 _LOOSER: dict[re.Pattern[str], str] = {
     _PRIVATE_KEY: r"-----BEGIN",
@@ -199,10 +199,31 @@ def _looser() -> Any:
     return together
 
 
+# The non-ASCII characters ``re`` takes for an ASCII letter when it ignores case (U+017F, the
+# long s, is s; U+212A, the Kelvin sign, is k): a rule that ignores case may match them where
+# the looser pattern needs the letter, and one that does not sees no letter there. A text
+# holding one runs every rule.
+# (tests/memory/test_redact.py finds them all.)
+_AS_ASCII_LETTER = re.compile("[\u0130\u0131\u017f\u212a]")
+_NON_ASCII_SPACE = re.compile(r"(?![\x00-\x7f])\s")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _stand_in(text: str) -> str:
+    """``text`` in ASCII, for the looser patterns: each non-ASCII space (what ``re`` counts
+    as whitespace) a space, any other non-ASCII character a NUL. Where a rule matches
+    ``text``, its looser pattern matches the stand-in: a rule's words and ASCII classes hold
+    neither a non-ASCII character nor a NUL, and a NUL stands in every negated class a
+    non-ASCII character stands in."""
+    return _NON_ASCII.sub("\x00", _NON_ASCII_SPACE.sub(" ", text))
+
+
 def _may_match(text: str) -> frozenset[int]:
     """The rules (indices in ``_RULES``) that may match ``text``."""
     if not text.isascii():
-        return _EVERY
+        if _AS_ASCII_LETTER.search(text):
+            return _EVERY
+        text = _stand_in(text)
     return frozenset(_looser().Match(text) or ())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import hypothesis
@@ -97,6 +98,9 @@ _PIECES = [
     "https://", "://", "@", ":", "=", " = ", '"', "'", " ", "\t", "\n", "\x0b", "\x1c", ".", "_",
     "-", ";", ",", "is", " is ", "was", "are", "/", "+", "abcdefghijklmnop", "ABCDEFGHIJKLMNOP",
     "0123456789", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "\u212a", "é",
+    # Non-ASCII text is asked in a stand-in: its spaces, others and look-alikes of letters.
+    "\u00a0", "\u2003", "\u3000", "\u2028", "\x85", "\u200b", "\u017f", "\u0130", "\u0131",
+    "中", "pa\u017f\u017fword", "\u212aey",
 ]
 
 
@@ -108,3 +112,18 @@ def test_skipping_the_rules_that_cannot_match_changes_nothing(text: str) -> None
     with mock.patch.object(redact_module, "_may_match", lambda _: everything):
         expected = redact(text)
     assert redact(text) == expected
+
+
+def test_the_letters_that_make_a_text_run_every_rule_are_all_that_re_takes_for_ascii() -> None:
+    letter = re.compile("[a-z]", re.IGNORECASE)
+    seen = "".join(chr(c) for c in range(0x80, 0x110000)
+                   if not 0xD800 <= c < 0xE000 and letter.fullmatch(chr(c)))
+    assert redact_module._AS_ASCII_LETTER.findall(seen) == list(seen) and len(seen) == 4
+
+
+def test_non_ascii_text_skips_the_rules_that_cannot_match_it() -> None:
+    text = "Hi friends,\u200b the config\u00a0loader fails on Stra\u00dfe " * 50
+    assert redact_module._may_match(text) == frozenset()
+    assert redact_module._may_match(text + "password\u3000= hunter2") != frozenset()
+    assert redact(text + "password\u3000= hunter2").endswith(f"password\u3000= {MARK}")
+    assert redact_module._may_match("\u212a" + text) == redact_module._EVERY

@@ -1,0 +1,107 @@
+"""Redaction of the real agent runs' texts: with the RE2 prefilter, and with every rule.
+
+    .venv/bin/python -m bench.redact_real             # into RESULTS.md
+    .venv/bin/python -m bench.redact_real --no-write  # print only
+
+Every text a memory record is made of is redacted (injectors/redact.py). One pass of an RE2
+set over the text says which rules may match it, and the rest are skipped. The texts are the
+task prompts and command outputs of ../shared/trajectories, apart by whether they hold a
+non-ASCII character (a zero-width space, a typographic quote: about half of the prompts). Each
+is redacted both ways in the same run, alternating for ``--rounds`` rounds, and each way's
+best round is reported. The two ways must give the same text; the bench fails if they do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from collections.abc import Callable, Sequence
+from unittest import mock
+
+from bench._results import write_block
+from bench.trajectories import TRAJECTORIES, load_task
+from injectors import redact as redact_module
+
+SECTION = "## Redaction of real text"
+BEGIN = "<!-- redact-real:begin (written by bench/redact_real.py) -->"
+END = "<!-- redact-real:end -->"
+
+
+def groups() -> dict[str, list[str]]:
+    paths = sorted(TRAJECTORIES.glob("*.traj.json"))
+    if not paths:
+        sys.exit(f"no trajectories at {TRAJECTORIES} (the shared folder is not here)")
+    tasks = [load_task(p) for p in paths]
+    prompts = [t.prompt for t in tasks]
+    outputs = [s.output for t in tasks for s in t.steps]
+    return {
+        "task prompts, non-ASCII": [p for p in prompts if not p.isascii()],
+        "task prompts, ASCII": [p for p in prompts if p.isascii()],
+        "command outputs, non-ASCII": [o for o in outputs if not o.isascii()],
+        "command outputs, ASCII": [o for o in outputs if o.isascii()],
+    }
+
+
+def timed(texts: Sequence[str], redact: Callable[[str], str]) -> tuple[float, list[str]]:
+    began = time.perf_counter()
+    out = [redact(text) for text in texts]
+    return time.perf_counter() - began, out
+
+
+def every_rule(text: str) -> str:
+    with mock.patch.object(redact_module, "_may_match", lambda _: redact_module._EVERY):
+        return redact_module.redact(text)
+
+
+def measure(rounds: int) -> list[tuple[str, int, int, float, float]]:
+    redact_module.redact("warm up: password=x")  # the rule sets compile on first use
+    rows = []
+    for name, texts in groups().items():
+        best = {"prefilter": float("inf"), "every": float("inf")}
+        for _ in range(rounds):
+            for way, fn in (("prefilter", redact_module.redact), ("every", every_rule)):
+                seconds, out = timed(texts, fn)
+                best[way] = min(best[way], seconds)
+                if way == "prefilter":
+                    skipped = out
+                elif out != skipped:
+                    sys.exit(f"{name}: skipping rules changed what redaction gives")
+        rows.append((name, len(texts), sum(map(len, texts)) // max(len(texts), 1),
+                     1000 * best["prefilter"] / len(texts), 1000 * best["every"] / len(texts)))
+    return rows
+
+
+def report(rows: Sequence[tuple[str, int, int, float, float]], args: argparse.Namespace) -> str:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"`{' '.join(['.venv/bin/python -m bench.redact_real', *args.argv])}` ({stamp}, Python "
+        f"{sys.version.split()[0]}): each text redacted with the prefilter and with every "
+        f"rule, {args.rounds} rounds alternating, the best of each; the same output both ways.",
+        "",
+        "| texts | count | chars (mean) | prefilter ms per text | every rule ms per text "
+        "| ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {name} | {n:,} | {chars:,} | {fast:.3f} | {slow:.3f} | {fast / slow:.2f} |"
+              for name, n, chars, fast, slow in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.redact_real", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    text = report(measure(args.rounds), args)
+    print(text)
+    if not args.no_write:
+        write_block(SECTION, BEGIN, END, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
