@@ -8,7 +8,6 @@ thousands. Recall logic, pure.
 from __future__ import annotations
 
 import math
-import re
 import threading
 from bisect import bisect_right
 from collections import Counter
@@ -21,7 +20,7 @@ from cachetools import LRUCache
 
 from injectors import tokens
 from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
-from memory.words import terms
+from memory.words import WORD, terms
 
 __all__ = ["GAP", "SNIPPET_TOKENS", "Snippet", "line_matches", "lines_of", "snippet"]
 
@@ -123,7 +122,6 @@ WORD_CHARS = 64  # and each of them this long at most (a longer one is looked fo
 # much as one question's finds.
 FIND_WORDS = 16
 INDEX_WORD_BYTES = 200  # what the index holds per word of the text, about
-_WORD = re.compile(r"[^\W_]+")  # memory.words' words: the runs _in_word finds
 
 
 class _Text:
@@ -163,7 +161,7 @@ class _Text:
     def build_index(self) -> dict[str, tuple[int, ...]]:
         """The lines each word of the text stands in (as a whole word, after the label)."""
         lines: dict[str, list[int]] = {}
-        findall = _WORD.findall
+        findall = WORD.findall  # the runs _in_word finds
         for n, (line, label) in enumerate(zip(self.low_lines, self.labels, strict=True)):
             for word in set(findall(line, label)):
                 lines.setdefault(word, []).append(n)

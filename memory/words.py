@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["STOPWORDS", "terms"]
+__all__ = ["STOPWORDS", "WORD", "terms"]
 
 # The Snowball English list, the one PostgreSQL's 'english' configuration drops too, so that
 # both stores match a question on the same words.
@@ -23,13 +23,13 @@ STOPWORDS = frozenset(
 )
 
 # Letters and digits in any script; '_' separates, as in SQLite's unicode61 tokenizer.
-_WORD = re.compile(r"[^\W_]+")
+WORD = re.compile(r"[^\W_]+")
 
 
 def terms(text: str, *, limit: int = 64) -> list[str]:
     """The distinct non-stopwords of ``text`` in order of appearance, at most ``limit``."""
     seen: dict[str, None] = {}
-    for match in _WORD.finditer(text.lower()):
+    for match in WORD.finditer(text.lower()):
         word = match.group()
         if word not in STOPWORDS and word not in seen:
             seen[word] = None
