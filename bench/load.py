@@ -63,7 +63,7 @@ from bench._results import RESULTS, write_block
 from bench._upstream import ANSWER_HEADER, answer_events, item_events
 from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
 from bench.recall import backend
-from bench.trajectories import TRAJECTORIES, Task, load_task, task_items
+from bench.trajectories import Task, load_tasks, task_items
 from memory.store_pg import PostgresStore
 from memory.store_sqlite import SqliteStore
 
@@ -112,11 +112,7 @@ class Script:
 @functools.cache
 def agent_tasks() -> list[Task]:
     """The runs of ../shared/trajectories, by name."""
-    paths = sorted(TRAJECTORIES.glob("*.traj.json"))
-    if not paths:
-        raise SystemExit(f"--shape agent: no trajectories at {TRAJECTORIES} (the shared folder "
-                         "is not here)")
-    return [load_task(p) for p in paths]
+    return load_tasks()
 
 
 def _is_output(item: Item) -> bool:

@@ -117,6 +117,14 @@ def load_task(path: Path) -> Task:
     return Task(name, system, users[0]["content"], tuple(steps))
 
 
+def load_tasks(folder: Path = TRAJECTORIES) -> list[Task]:
+    """Every run in ``folder``, by name; exits when there is none (no shared folder here)."""
+    paths = sorted(folder.glob("*.traj.json"))
+    if not paths:
+        sys.exit(f"no trajectories at {folder} (the shared folder is not here)")
+    return [load_task(p) for p in paths]
+
+
 def exec_output(text: str, r: random.Random) -> str:
     match = _RC.match(text)
     code, body = (int(match[1]), match[2]) if match else (0, text)
