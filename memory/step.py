@@ -11,7 +11,9 @@ history only grows between window cuts and the provider's prompt cache keeps all
 messages are kept per turn (a key derived from the history: the prompt's digest and position)
 in a bounded LRU; a replica without them leaves them out, which is correct, just less cached.
 The standing block (working and semantic memory) goes before the first forwarded turn and is
-pinned there until the window cuts, so it never breaks the cache on its own.
+pinned there until the window cuts, so it never breaks the cache on its own. Until then it is
+not chosen again: a turn reads no standing memory, and recall leaves out what the pinned block
+shows (a memory made since is not in it, and recall may show it).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Prepared:
     """What one user turn gets: the same for every request of the turn."""
 
     standing: str = ""  # the slow blocks (working, semantic)
+    chosen: tuple[Memory, ...] = ()  # the standing selection, and the tokens it takes
+    used: int = 0
     recall: str = ""  # this turn's recall
     recalled: int = 0
     ids: tuple[str, ...] = ()  # the memories shown, standing then recalled
@@ -84,6 +88,17 @@ class Shown:
 def _developer_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "developer",
             "content": [{"type": "input_text", "text": text}]}
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """The standing message a session's forwarded history starts with until the window cuts
+    (``first``: the first forwarded turn), and the selection it shows."""
+
+    first: TurnKey
+    message: dict[str, Any] | None
+    chosen: tuple[Memory, ...]
+    used: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +187,7 @@ class MemoryStep:
             tuple[Scope, str], tuple[object, tuple[list[Memory], int]]
         ] = LRUCache(STANDING_CACHED)
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
-        # (scope, session) -> (the first forwarded turn, the standing message put before it)
-        self._pinned: LRUCache[
-            tuple[Scope, str], tuple[TurnKey, dict[str, Any] | None]
-        ] = LRUCache(STANDING_CACHED)
+        self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(STANDING_CACHED)
 
     async def __call__(self, ex: Exchange) -> None:
         if ex.items is None or not ex.history.turns or ex.history_is_foreign:
@@ -299,7 +311,13 @@ class MemoryStep:
         mode: str | None = None
         recalled: list[Memory] = []
         try:
-            standing, used = await self._standing_for(scope, own, window, now)
+            pinned = self._pinned.get((scope, session))
+            if forwarded and pinned is not None and pinned.first == forwarded[0][1]:
+                # Until the window cuts, the forwarded history starts with the pinned block:
+                # what it shows is the standing selection, and nothing needs reading.
+                standing, used = list(pinned.chosen), pinned.used
+            else:
+                standing, used = await self._standing_for(scope, own, window, now)
             if found is not None:
                 seen: dict[str, set[str]] = {}
                 for shown in kept:
@@ -337,6 +355,8 @@ class MemoryStep:
             message = newest.message
         return Prepared(
             standing=standing_text,
+            chosen=tuple(standing),
+            used=used,
             recall=recall_text,
             recalled=len(standing) + len(recalled),
             ids=tuple(m.memory_id for m in (*standing, *recalled)),
@@ -395,7 +415,7 @@ class MemoryStep:
         # first forwarded turn, each turn's recall message before its prompt (the earlier
         # turns' from the LRU, the newest turn's from this turn's preparation).
         messages: dict[int, list[dict[str, Any]]] = {}
-        standing = self._standing_message(scope, session, forwarded[0][1], prepared.standing)
+        standing = self._standing_message(scope, session, forwarded[0][1], prepared)
         if standing is not None:
             messages[forwarded[0][0]] = [standing]
         kept = 0
@@ -420,15 +440,16 @@ class MemoryStep:
         ex.changed = True
 
     def _standing_message(
-        self, scope: Scope, session: str, first: TurnKey, text: str
+        self, scope: Scope, session: str, first: TurnKey, prepared: Prepared
     ) -> dict[str, Any] | None:
         """The standing block as a message before the first forwarded turn: pinned, byte for
         byte, until the window cuts (the first forwarded turn changes). A new memory waits for
         the cut, where the prompt cache breaks anyway: in ``instructions``, a block that
         changed re-read the whole prompt after them, the agent's own context included."""
         pinned = self._pinned.get((scope, session))
-        if pinned is not None and pinned[0] == first:
-            return pinned[1]
+        if pinned is not None and pinned.first == first:
+            return pinned.message
+        text = prepared.standing
         message = _developer_message(text) if text else None
-        self._pinned[(scope, session)] = (first, message)
+        self._pinned[(scope, session)] = Pinned(first, message, prepared.chosen, prepared.used)
         return message

@@ -101,6 +101,28 @@ async def test_preference_from_earlier_sessions_is_in_the_first_request_of_the_n
     assert "semantic_memory" not in (sent.get("instructions") or "")  # the front is the agent's
 
 
+async def test_semantic_memory_made_after_the_block_was_pinned_is_recalled_when_asked(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    # The standing block stays as it was pinned until the window cuts; a memory distilled
+    # meanwhile is not in it, so recall must not leave it out as if the model saw it.
+    proxy = await start_proxy(**backend.settings)
+    later = Session(proxy, upstream, session_id="later")
+    assert "semantic_memory" not in memory_text(await later.say("Write a release script."))
+    for n in (1, 2):
+        s = Session(proxy, upstream, session_id=f"earlier-{n}")
+        await s.say("Use Python, not Node, for the build scripts.")
+        await s.say("Now add a lint step.")
+    await settle(proxy)
+
+    sent = await later.say("Which language do the build scripts use, Python or Node?")
+
+    assert standing_memory(sent) == ""  # still as pinned: nothing was cut
+    recalled = "\n".join(text for _, text in developer_memory(sent))
+    assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}"[^>]*>Use Python, not '
+                     r"Node, for the build scripts.", recalled)
+
+
 async def test_a_preference_said_once_stays_out_of_semantic_memory(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
