@@ -29,8 +29,7 @@ which the same sessions go on into the measured run. Reported: errors (a status 
 second, time to first byte and to the end of the stream both ways and their difference (the
 latency the proxy adds), the proxy's peak RSS (VmHWM) and CPU, and from its /metrics what the
 window, memory and knowledge did. With ``--workers N`` (N > 1) RSS and CPU are summed over the
-supervisor and its workers, and /metrics is one worker's (each has its own registry; a scrape
-reaches one).
+supervisor and its workers, and /metrics adds up every worker's registry.
 """
 
 from __future__ import annotations
@@ -637,7 +636,7 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
             for name, key in (("new user turns", "miss"), ("their later requests", "hit"))
             if (v := o.prepare_ms.get(key))) + ".",
         "- From the proxy's /metrics (warm-up included"
-        + (f"; one worker's of {args.workers}" if args.workers > 1 else "") + "): turns cut "
+        + (f"; its {args.workers} workers added up" if args.workers > 1 else "") + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
         f"{recalls:,.0f} (mean {recall_ms:.1f} ms), memories injected "
         f"{m.get('ctxproxy_memory_recalled_total', 0):,.0f}; knowledge cache hits "

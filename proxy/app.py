@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -21,10 +22,11 @@ from proxy import bodies, targets
 from proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import request_headers, response_headers
-from proxy.metrics import Metrics, sample_loop_lag
+from proxy.metrics import Metrics, combine, sample_loop_lag
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
 from proxy.upstream import Upstream
+from proxy.workers import Peers
 from request import Exchange, NotAResponsesRequest, Notes, Step
 from window.step import WindowStep
 
@@ -36,6 +38,7 @@ METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
+PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
 # Told the output items relayed to the client (a response.completed event's), with the bytes
 # they took, for the request whose exchange had these Notes (the memory side stores the turn).
 AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
@@ -279,8 +282,33 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 
+PEER_SCRAPE_TIMEOUT_S = 2.0
+
+
 async def metrics_route(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(), content_type="text/plain")
+    """This process's metrics; in a worker of several, every worker's added up (a worker
+    that does not answer in time, being replaced say, is left out: see
+    ctxproxy_workers_scraped). ``?worker=this``: this worker's alone."""
+    metrics = request.app[METRICS]
+    peers = request.app.get(PEERS)
+    if peers is None or request.query.get("worker") == "this":
+        return web.Response(body=metrics.render(), content_type="text/plain")
+    others = await asyncio.gather(*(_scrape(path) for path in peers.others()))
+    own = metrics.render().decode()
+    body = combine([own, *(text for text in others if text is not None)])
+    return web.Response(body=body, content_type="text/plain")
+
+
+async def _scrape(path: Path) -> str | None:
+    """A sibling worker's own metrics, over its Unix socket; None if it does not answer."""
+    timeout = aiohttp.ClientTimeout(total=PEER_SCRAPE_TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=str(path)), timeout=timeout
+        ) as session, session.get("http://worker/metrics?worker=this") as r:
+            return await r.text() if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
 
 
 # --- forwarded routes ------------------------------------------------------------------------

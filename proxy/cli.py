@@ -11,8 +11,10 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -102,23 +104,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_server(settings: Settings) -> int:
     """Serve until SIGTERM or SIGINT: in this process, or in ``WORKERS`` supervised ones."""
     if settings.workers > 1:
-        return workers.supervise(
-            settings.workers, functools.partial(_worker, settings), **_listening(settings)
-        )
+        # mkdtemp's mode 0700: no other user reaches the workers' sockets.
+        with tempfile.TemporaryDirectory(prefix="ctxproxy-workers-") as directory:
+            return workers.supervise(
+                settings.workers,
+                functools.partial(_worker, settings, Path(directory), settings.workers),
+                **_listening(settings),
+            )
     return _run(settings)
 
 
-def _worker(settings: Settings, index: int, ready: Connection) -> int:
+def _worker(
+    settings: Settings, directory: Path, count: int, index: int, ready: Connection
+) -> int:
     """One of several workers (in a process of its own, started by ``workers.supervise``)."""
     logs.configure(settings.log_level, settings.log_format)
     workers.tag_logs(index)
-    return _run(settings, worker=index, ready=workers.ready_signal(ready))
+    peers = workers.Peers(directory, count, index)
+    return _run(settings, peers=peers, ready=workers.ready_signal(ready))
 
 
-def _run(settings: Settings, *, worker: int | None = None,
+def _run(settings: Settings, *, peers: workers.Peers | None = None,
          ready: workers.Ready | None = None) -> int:
     try:
-        asyncio.run(_serve(settings, worker=worker, ready=ready))
+        asyncio.run(_serve(settings, peers=peers, ready=ready))
     except OSError as exc:
         print(f"ctxproxy: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
@@ -131,26 +140,32 @@ def _listening(settings: Settings) -> dict[str, object]:
             "dashboard": f"http://{settings.host}:{settings.port}/ui"}
 
 
-async def _serve(settings: Settings, *, worker: int | None = None,
+async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
                  ready: workers.Ready | None = None) -> None:
-    """Serve the app; a ``worker`` shares the port with the others (SO_REUSEPORT)."""
+    """Serve the app; a worker (``peers``) shares the port with the others (SO_REUSEPORT)
+    and listens to them on its socket."""
+    from proxy.app import PEERS
     from proxy.assemble import build_app
 
     app = build_app(settings)
+    if peers is not None:
+        app[PEERS] = peers
     runner = Runner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
     )
     await runner.setup()
     site = web.TCPSite(
-        runner, settings.host, settings.port, backlog=1024, reuse_port=worker is not None
+        runner, settings.host, settings.port, backlog=1024, reuse_port=peers is not None
     )
     try:
         await site.start()
+        if peers is not None:  # a replaced worker's socket is removed first (asyncio does)
+            await web.UnixSite(runner, str(peers.socket(peers.index))).start()
     except OSError:
         await runner.cleanup()  # the app's clients and stores are open already
         raise
     log.info(
-        "ctxproxy listening" if worker is None else "worker listening",
+        "ctxproxy listening" if peers is None else "worker listening",
         extra=logs.fields(**_listening(settings)),
     )
     stop = asyncio.Event()

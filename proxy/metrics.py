@@ -1,10 +1,18 @@
-"""Prometheus metrics, one registry per app (so that tests and replicas never share one)."""
+"""Prometheus metrics, one registry per app (so that tests and replicas never share one).
+
+With several workers (``CTXPROXY_WORKERS``) a scrape reaches one of them, which adds up every
+worker's registry (``combine``): /metrics counts the whole server, whichever worker answers.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -94,7 +102,48 @@ class Metrics:
         )
 
     def render(self) -> bytes:
+        """This process's metrics."""
         return generate_latest(self.registry)
+
+
+class _Families:
+    """A collector of metric families already made (a registry collects from it)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def combine(expositions: Sequence[str]) -> bytes:
+    """The workers' expositions as one: each sample summed over the workers (counters,
+    histogram buckets, sums and counts, and the gauges, which are amounts: writes waiting,
+    their bytes), a ``_created`` time the earliest; and ``ctxproxy_workers_scraped``, how many
+    workers went in. (Each is parsed from text, the worker's own too: the text format makes
+    a series' ``_created`` a family of its own, where a registry keeps it in the series'.)"""
+    merged: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for family in (f for text in expositions for f in text_string_to_metric_families(text)):
+        if family.name not in merged:
+            merged[family.name] = Metric(family.name, family.documentation, family.type)
+            values[family.name] = {}
+        into = values[family.name]
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if sample.name.endswith("_created"):
+                into[key] = min(into.get(key, math.inf), sample.value)
+            else:
+                into[key] = into.get(key, 0.0) + sample.value
+    for name, family in merged.items():
+        for (sample_name, labels), value in values[name].items():
+            family.add_sample(sample_name, dict(labels), value)
+    scraped = Metric("ctxproxy_workers_scraped",
+                     "Worker processes whose metrics this scrape adds up.", "gauge")
+    scraped.add_sample("ctxproxy_workers_scraped", {}, len(expositions))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([*merged.values(), scraped]))
+    return generate_latest(registry)
 
 
 async def sample_loop_lag(lag: Histogram, interval_s: float = LAG_INTERVAL_S) -> None:

@@ -12,6 +12,9 @@ to finish their open streams (each drains as a single process does). A worker th
 before it is listening stops the server with exit status 1 (a port, store or setting it
 cannot use would fail every restart too); a worker that dies later is logged as an error and
 replaced.
+
+The workers reach each other over Unix sockets in a directory of the server's own
+(``Peers``): a scrape of /metrics adds up every worker's registry.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Literal
 
 from config import logs
 
-__all__ = ["STOP_GRACE_S", "Ready", "supervise", "tag_logs"]
+__all__ = ["STOP_GRACE_S", "Peers", "Ready", "supervise", "tag_logs"]
 
 log = logging.getLogger("ctxproxy")
 
@@ -45,6 +49,22 @@ Target = Callable[[int, Connection], int]
 on the connection once it listens and returns its exit status."""
 
 Event = Literal["ready", "exit", "stop"]
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """Where worker ``index`` of ``count`` and its siblings listen to each other: a Unix
+    socket each in ``directory``, which only the server's user can enter (mode 0700)."""
+
+    directory: Path
+    count: int
+    index: int
+
+    def socket(self, index: int) -> Path:
+        return self.directory / f"worker-{index}.sock"
+
+    def others(self) -> list[Path]:
+        return [self.socket(n) for n in range(self.count) if n != self.index]
 
 
 @dataclass(eq=False)

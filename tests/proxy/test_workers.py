@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from config import load_settings
 from memory.store_sqlite import SqliteStore
@@ -130,6 +131,37 @@ async def test_two_workers_answer_on_one_port_write_one_store_and_stop_on_sigter
         await store.close()
     stored = {(m.session_id, m.turn_index) for m in episodes}
     assert stored == {(sid, turn) for sid in sessions for turn in (0, 1, 2)}
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    (value,) = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == name and s.labels == labels]
+    return value
+
+
+async def _scrape(url: str) -> str:
+    # A connection of its own: the kernel picks the worker that answers.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s, \
+            s.get(url) as r:
+        assert r.status == 200
+        return await r.text()
+
+
+async def test_metrics_count_every_workers_requests_whichever_answers(start: Start) -> None:
+    srv = await start(workers="2")
+    await srv.logged("ctxproxy listening")
+    sessions = [f"count-{n}" for n in range(24)]
+    for batch in range(0, len(sessions), 6):
+        await asyncio.gather(*(_turn(srv.url, sid) for sid in sessions[batch:batch + 6]))
+    answered = {e["pid"] for e in _logged(srv) if e["logger"] == "ctxproxy.access"}
+    assert len(answered) == 2  # both workers answered some (1 in 2**23 not)
+
+    for _ in range(6):
+        text = await _scrape(srv.url + "/metrics")
+        assert _metric(text, "ctxproxy_requests_total", route="responses", status="200") == 24
+        assert _metric(text, "ctxproxy_workers_scraped") == 2
+    own = await _scrape(srv.url + "/metrics?worker=this")
+    assert 0 < _metric(own, "ctxproxy_requests_total", route="responses", status="200") < 24
 
 
 async def test_a_worker_that_dies_later_is_replaced(start: Start) -> None:
