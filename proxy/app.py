@@ -299,13 +299,24 @@ async def metrics_route(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="text/plain")
 
 
+def sibling_app(metrics: Metrics) -> web.Application:
+    """What a worker serves its siblings on its socket: its own metrics, nothing else."""
+
+    async def own(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", own)
+    return app
+
+
 async def _scrape(path: Path) -> str | None:
     """A sibling worker's own metrics, over its Unix socket; None if it does not answer."""
     timeout = aiohttp.ClientTimeout(total=PEER_SCRAPE_TIMEOUT_S)
     try:
         async with aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=str(path)), timeout=timeout
-        ) as session, session.get("http://worker/metrics?worker=this") as r:
+        ) as session, session.get("http://worker/metrics") as r:
             return await r.text() if r.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, OSError):
         return None

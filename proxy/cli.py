@@ -144,7 +144,7 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
                  ready: workers.Ready | None = None) -> None:
     """Serve the app; a worker (``peers``) shares the port with the others (SO_REUSEPORT)
     and listens to them on its socket."""
-    from proxy.app import PEERS
+    from proxy.app import METRICS, PEERS, sibling_app
     from proxy.assemble import build_app
 
     app = build_app(settings)
@@ -153,15 +153,20 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
     runner = Runner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
     )
+    # A worker's siblings ask for its metrics on its socket: an app of that one route, so
+    # that the socket is no way around client keys.
+    siblings = web.AppRunner(sibling_app(app[METRICS]), access_log=None)
     await runner.setup()
+    await siblings.setup()
     site = web.TCPSite(
         runner, settings.host, settings.port, backlog=1024, reuse_port=peers is not None
     )
     try:
         await site.start()
-        if peers is not None:  # a replaced worker's socket is removed first (asyncio does)
-            await web.UnixSite(runner, str(peers.socket(peers.index))).start()
+        if peers is not None:  # asyncio removes a replaced worker's socket file first
+            await web.UnixSite(siblings, str(peers.socket(peers.index))).start()
     except OSError:
+        await siblings.cleanup()
         await runner.cleanup()  # the app's clients and stores are open already
         raise
     log.info(
@@ -180,3 +185,4 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
     finally:
         log.info("shutting down: finishing open streams")
         await runner.cleanup()
+        await siblings.cleanup()  # the siblings may scrape it while its streams finish

@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import METRICS, PEERS, metrics_route
+from proxy.app import METRICS, PEERS, metrics_route, sibling_app
 from proxy.metrics import Metrics, combine
 from proxy.workers import Peers
 
@@ -58,3 +58,15 @@ async def test_a_worker_that_does_not_answer_is_left_out_of_the_scrape(tmp_path:
     assert r.status == 200
     assert got[("ctxproxy_requests_total", (("route", "responses"), ("status", "200")))] == 5
     assert got[("ctxproxy_workers_scraped", ())] == 1
+
+
+async def test_a_workers_socket_serves_its_metrics_and_nothing_else() -> None:
+    metrics = Metrics()
+    metrics.requests.labels("responses", "200").inc(2)
+    async with TestClient(TestServer(sibling_app(metrics))) as client:
+        own = await client.get("/metrics")
+        relayed = await client.post("/v1/responses", json={"model": "m", "input": "hi"})
+        got = _samples(await own.text())
+
+    assert got[("ctxproxy_requests_total", (("route", "responses"), ("status", "200")))] == 2
+    assert relayed.status == 404  # no way around client keys
