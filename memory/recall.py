@@ -37,7 +37,15 @@ from config import Settings
 from memory.cpu import Offload
 from memory.embed import Embedder, EmbedError
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
-from memory.snippets import GAP, SNIPPET_TOKENS, line_matches, lines_of, questions, snippet
+from memory.snippets import (
+    GAP,
+    SNIPPET_TOKENS,
+    best_match,
+    line_matches,
+    lines_of,
+    questions,
+    snippet,
+)
 
 __all__ = [
     "Candidate", "Found", "Mode", "Recaller", "Weights", "decay", "fuse", "mentioned_ids", "score",
@@ -423,11 +431,19 @@ class Recaller:
     ) -> list[Memory]:
         """The recall among ``candidates`` and the fused ``rankings``, each as its snippet
         for ``query`` (pure)."""
-        views: dict[str, tuple[Memory, float]] = {}
+        # How well each memory matches is asked of every candidate in turn; its snippet is
+        # made only for one that may be shown (most are passed over).
+        matches: dict[str, float] = {}
+        views: dict[str, Memory] = {}
 
-        def seen(memory: Memory) -> tuple[Memory, float]:
+        def matched(memory: Memory) -> float:
+            if memory.memory_id not in matches:
+                matches[memory.memory_id] = best_match(memory.text, query)
+            return matches[memory.memory_id]
+
+        def viewed(memory: Memory) -> Memory:
             if memory.memory_id not in views:
-                views[memory.memory_id] = self.view(memory, query)
+                views[memory.memory_id] = self.view(memory, query)[0]
             return views[memory.memory_id]
 
         if rankings:
@@ -438,7 +454,7 @@ class Recaller:
             candidates = [*candidates, *fuse([
                 [h for h in ranking
                  if (h.similarity >= self.min_similarity if h.similarity is not None
-                     else seen(h.memory)[1] >= min_score)]
+                     else matched(h.memory) >= min_score)]
                 for ranking in rankings])]
 
         def shown_as(c: Candidate) -> Candidate | None:
@@ -447,13 +463,15 @@ class Recaller:
                 return None
             if memory.type == "working" and memory.session_id != session:
                 return None  # working memory belongs to its session
-            view, match = seen(memory)
+            match = matched(memory)
             near = c.similarity is not None and c.similarity >= self.min_similarity
             if c.relevance < MENTIONED and match < min_score and not near:
                 return None
             if near and match < min_score and c.span is not None:
                 # Found by meaning, not by the question's words: show the chunk that matched.
                 view = self.chunk_view(memory, c.span)
+            else:
+                view = viewed(memory)
             before = shown.get(memory.memory_id)
             if before is not None:  # an earlier recall message in the window shows it
                 if lines_of(view.text) <= set(before):

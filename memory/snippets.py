@@ -22,7 +22,9 @@ from injectors import tokens
 from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from memory.words import WORD, terms
 
-__all__ = ["GAP", "SNIPPET_TOKENS", "Snippet", "line_matches", "lines_of", "snippet"]
+__all__ = [
+    "GAP", "SNIPPET_TOKENS", "Snippet", "best_match", "line_matches", "lines_of", "snippet",
+]
 
 SNIPPET_TOKENS = 160  # what one recalled memory may take at most
 MAX_LINES = 4  # matching lines a snippet shows at most (each with the call that printed it)
@@ -329,6 +331,51 @@ def line_matches(text: str, query: str) -> list[float]:
     return best
 
 
+@dataclass(frozen=True, slots=True)
+class _Best:
+    """How a text matches a question: the share of its words the best line holds, and what
+    the lines are picked by (the words of the part of the question it answers best)."""
+
+    match: float
+    order: tuple[str, ...]
+    words_of: tuple[frozenset[str], ...]
+
+
+# The last text and query objects asked (a pick asks ``best_match`` of a memory, then ``snippet``
+# of the same objects) and their _Best. One tuple, replaced whole: threads see one or another.
+_last_best: tuple[str, str, _Best] | None = None
+
+
+def _best(text: str, query: str) -> _Best:
+    global _last_best
+    last = _last_best
+    if last is not None and last[0] is text and last[1] is query:
+        return last[2]
+    asked = _asked(query)
+    order = list(asked.order)
+    parsed = _parse(text)
+    words_of = _words_by_line(parsed, asked.parts[0])
+    # A long prompt is answered by one of its questions: the memory matches as well as it
+    # matches the question it answers best, and shows the lines for that question.
+    best = 0.0
+    for i, part in enumerate(asked.parts):
+        held = _match(words_of, parsed.contexts, part)
+        if held > best:
+            best = held
+            if i > 0:
+                order = [w for w in order if w in part]
+                words_of = [ws & part for ws in words_of]
+    found = _Best(best, tuple(order), tuple(words_of))
+    _last_best = (text, query, found)
+    return found
+
+
+def best_match(text: str, query: str) -> float:
+    """``snippet(text, query).match`` without making the snippet: what a pick asks of every
+    candidate, most of which it then passes over."""
+    return _best(text, query).match
+
+
 def _in_word(char: str) -> bool:
     return char.isalnum()  # what memory.words' [^\W_] matches
 
@@ -346,25 +393,14 @@ def snippet(
     holds by how few lines hold it: the line with the word few lines have is the answer.
     Deterministic: the same memory and question give the same bytes.
     """
-    asked = _asked(query)
-    order = list(asked.order)
+    found = _best(text, query)
+    order, words_of = found.order, found.words_of
     parsed = _parse(text)
     lines, contexts = parsed.lines, parsed.contexts
-    words_of = _words_by_line(parsed, asked.parts[0])
-    # A long prompt is answered by one of its questions: the memory matches as well as it
-    # matches the question it answers best, and shows the lines for that question.
-    match = 0.0
-    for i, part in enumerate(asked.parts):
-        best = _match(words_of, contexts, part)
-        if best > match:
-            match = best
-            if i > 0:
-                order = [w for w in order if w in part]
-                words_of = [ws & part for ws in words_of]
     # A token covers one character at least and rarely more than a dozen: skip counting
     # a text that is surely short, or surely long.
     if len(text) <= max_tokens or (len(text) < 12 * max_tokens and count(text) <= max_tokens):
-        return Snippet(text, match)
+        return Snippet(text, found.match)
     df = Counter(w for ws in words_of for w in ws)
     weight = {w: math.log(1 + len(lines) / k) for w, k in df.items()}
     scores = [sum(map(weight.__getitem__, ws)) if ws else 0 for ws in words_of]  # sum(()): 0
@@ -381,7 +417,7 @@ def snippet(
 
     used = cost(0)
     if used > max_tokens:
-        return Snippet(shown[0][: max(max_tokens, 1)], match)
+        return Snippet(shown[0][: max(max_tokens, 1)], found.match)
     chosen = {0}
     # With no line in common, the first lines in order; when only the prompt matches, the
     # prompt alone.
@@ -411,7 +447,7 @@ def snippet(
         last = n
     if last != len(lines) - 1:
         out.append(GAP)
-    return Snippet("\n".join(out), match)
+    return Snippet("\n".join(out), found.match)
 
 
 def lines_of(text: str) -> frozenset[str]:

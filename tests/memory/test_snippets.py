@@ -13,7 +13,7 @@ import pytest
 from injectors import memory_blocks, tokens
 from memory import snippets
 from memory.model import Memory, Scope
-from memory.recall import Recaller, Weights
+from memory.recall import Candidate, Recaller, Weights
 from memory.snippets import GAP, SNIPPET_TOKENS, questions, snippet
 from memory.store_sqlite import SqliteStore
 from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
@@ -350,3 +350,60 @@ def test_a_long_question_finds_the_lines_a_word_at_a_time_would(
     assert parsed.index is not None
     assert by_index == first == by_find
     assert by_index[3] == {"parse", "config"}  # whole words only, after the label
+
+
+LINES = [
+    "User: which port does the staging database listen on?",
+    "Tool call exec_command: grep -rn port deploy/",
+    "Tool output exec_command: deploy/staging.env: DB_PORT=5433",
+    "Assistant: The staging database listens on 5433.",
+    "Tool output exec_command: " + "noise " * 300,
+]
+
+
+@pytest.mark.parametrize("query", [
+    "which port does staging use?",
+    "database",
+    "nothing in common here",
+    "Set up the release. Which port does the staging database listen on? Then tag it. "
+    + " ".join(f"word{n}" for n in range(40)),
+])
+@pytest.mark.parametrize("shape", [slice(None), slice(0, 4), slice(2, None)])
+def test_best_match_is_the_snippets_match(query: str, shape: slice) -> None:
+    text = "\n".join(LINES[shape])
+    # Fresh objects, then the same ones again: the last pair asked is remembered.
+    assert snippets.best_match(text, query) == snippet(text, query).match
+    assert snippet(text, query).match == snippets.best_match(text, query)
+    assert snippets.best_match(text + "", query + " ") == snippet(text, query + " ").match
+
+
+def test_a_pick_makes_snippets_only_of_what_it_may_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The question's words are in one memory's line; nine others hold one word of it each:
+    # the gate passes them over on how well they match, and their snippets are never made.
+    long = "\n".join(f"Tool output exec_command: line {n} " + "filler " * 30 for n in range(60))
+    memories = [Memory(type="episodic", scope=SCOPE, key=f"k{n}", memory_id=f"mem_{n}",
+                       text=f"User: step {n}\n{long}\nTool output exec_command: port",
+                       created_at=1.0, updated_at=1.0) for n in range(9)]
+    answer = Memory(type="episodic", scope=SCOPE, key="answer", memory_id="mem_answer",
+                    text=f"User: deploy\n{long}\nTool output exec_command: staging db port 5433",
+                    created_at=1.0, updated_at=1.0)
+    made: list[str] = []
+    real = snippets.snippet
+
+    def counted(text: str, query: str, *args: Any, **kwargs: Any) -> snippets.Snippet:
+        made.append(text)
+        return real(text, query, *args, **kwargs)
+
+    monkeypatch.setattr("memory.recall.snippet", counted)
+    recaller = Recaller(None, weights=Weights(), k=5, budget=2000,  # type: ignore[arg-type]
+                        cost=lambda m: tokens.count(memory_blocks.item(m)) + 1,
+                        overhead=lambda kind: 10)
+    query = "which staging db port?"
+    candidates = [Candidate(m, 1.0 - n / 100) for n, m in enumerate([*memories, answer])]
+
+    chosen = recaller._pick(candidates, query, session="", exclude=set(), shown={},
+                            min_score=0.5, budget=2000, now=2.0)
+
+    assert [m.memory_id for m in chosen] == ["mem_answer"]
+    assert "staging db port 5433" in chosen[0].text
+    assert made == [answer.text]
