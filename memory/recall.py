@@ -48,8 +48,8 @@ from memory.snippets import (
 )
 
 __all__ = [
-    "Candidate", "Found", "Mode", "Recaller", "Weights", "decay", "fuse", "mentioned_ids", "score",
-    "select",
+    "Candidate", "Found", "Mode", "Recaller", "Standing", "Weights", "decay", "fuse",
+    "mentioned_ids", "score", "select", "standing_of",
 ]
 
 DAY = 86400.0
@@ -211,6 +211,26 @@ def _outside(memory: Memory, window: Collection[str]) -> bool:
     return memory.attrs.get("prompt") not in window
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What the standing selection chooses from: the session's working memory and the
+    scope's semantic memory (``Recaller.read_standing``)."""
+
+    working: list[Memory]
+    semantic: list[Memory]
+
+
+def standing_of(read: Standing, window: Collection[str]) -> list[Candidate]:
+    """The standing candidates: working memory from turns outside the ``window``, and
+    semantic memory, each with its query-independent relevance."""
+    out = [Candidate(m, 1.0) for m in read.working if _outside(m, window)]
+    for m in read.semantic:
+        standing = m.attrs.get("score", 1.0)
+        relevance = float(standing) if isinstance(standing, int | float) else 1.0
+        out.append(Candidate(m, min(max(relevance, 0.01), 1.0)))
+    return out
+
+
 class Recaller:
     """Gathers candidates from the store (raises StoreError) and selects from them."""
 
@@ -259,6 +279,11 @@ class Recaller:
     ) -> list[Candidate]:
         """The session's working memory from turns outside the window, and the scope's
         semantic memory, each with its query-independent relevance."""
+        return standing_of(await self.read_standing(scope, session, now), window)
+
+    async def read_standing(self, scope: Scope, session: str, now: float) -> Standing:
+        """What the standing selection chooses from, whatever the window (``standing_of``):
+        the reads can go out before the history is split."""
         # No session (''): no working memory to read. A user's scope also shows what an
         # operator shared with every user of its team and agent (``memory add --shared``),
         # never what was distilled in the scope without a user.
@@ -270,13 +295,7 @@ class Recaller:
             self._store.list(team, types=["semantic"], now=now,
                              limit=STANDING_LIMIT if scope.user else 0),
         )
-        semantic += [m for m in shared if m.attrs.get("shared") is True]
-        out = [Candidate(m, 1.0) for m in working if _outside(m, window)]
-        for m in semantic:
-            standing = m.attrs.get("score", 1.0)
-            relevance = float(standing) if isinstance(standing, int | float) else 1.0
-            out.append(Candidate(m, min(max(relevance, 0.01), 1.0)))
-        return out
+        return Standing(working, [*semantic, *(m for m in shared if m.attrs.get("shared") is True)])
 
     def standing(self, candidates: Sequence[Candidate], now: float) -> list[Memory]:
         """The standing selection, in a fixed order (type, then age) so that its bytes do not

@@ -38,7 +38,7 @@ from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
 from memory.queue import WriteQueue
-from memory.recall import Candidate, Recaller
+from memory.recall import Candidate, Recaller, Standing, standing_of
 from memory.snippets import lines_of
 from memory.working import Working
 from request import Exchange, Identity, Item, Notes, digest
@@ -282,6 +282,16 @@ class MemoryStep:
         found = (None if newest is not None  # this turn recalled already (a retry, ...)
                  else asyncio.ensure_future(self._recaller.gather(
                      scope, own, history.prompt_text(history.turns - 1), now)))
+        # Until the window cuts, the forwarded history starts with the pinned block: what it
+        # shows is the standing selection, and nothing needs reading. Else the reads go out
+        # now too (the window only filters what they bring), unless working memory is yet to
+        # be written for a session new to this process.
+        pinned = self._pinned.get((scope, session))
+        if not (forwarded and pinned is not None and pinned.first == forwarded[0][1]):
+            pinned = None
+        reading: asyncio.Future[Standing] | None = None
+        if pinned is None and not (own and not self._working.knows(scope, session)):
+            reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
         writing: asyncio.Future[None] | None = None
         try:
             # Splitting digests every item of the history: in a worker, not on the loop.
@@ -304,6 +314,7 @@ class MemoryStep:
                     await update  # a session new to this process: its earlier turns' first
         except BaseException:
             _drop(found)
+            _drop(reading)
             raise
         # The job keeps the parsed history alive until it runs: about the request's bytes.
         self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
@@ -311,13 +322,12 @@ class MemoryStep:
         mode: str | None = None
         recalled: list[Memory] = []
         try:
-            pinned = self._pinned.get((scope, session))
-            if forwarded and pinned is not None and pinned.first == forwarded[0][1]:
-                # Until the window cuts, the forwarded history starts with the pinned block:
-                # what it shows is the standing selection, and nothing needs reading.
+            if pinned is not None:
                 standing, used = list(pinned.chosen), pinned.used
             else:
-                standing, used = await self._standing_for(scope, own, window, now)
+                if reading is None:  # after the new session's working memory is written
+                    reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
+                standing, used = await self._standing_for(scope, own, reading, window, now)
             if found is not None:
                 seen: dict[str, set[str]] = {}
                 for shown in kept:
@@ -336,6 +346,7 @@ class MemoryStep:
             return Prepared(degraded=True)
         finally:
             _drop(found)
+            _drop(reading)
             if writing is not None:
                 await writing
             if self._recall_seconds is not None:
@@ -377,12 +388,13 @@ class MemoryStep:
         self._shown[key] = shown
 
     async def _standing_for(
-        self, scope: Scope, session: str, window: set[str], now: float
+        self, scope: Scope, session: str, reading: asyncio.Future[Standing], window: set[str],
+        now: float,
     ) -> tuple[list[Memory], int]:
         """The standing selection and the tokens it takes, chosen again only when its
         candidates change (a window cut or a new memory), not when the clock moves their
         scores."""
-        candidates = await self._recaller.standing_candidates(scope, session, window, now)
+        candidates = standing_of(await reading, window)
         signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
         where = (scope, session)
         cached = self._standing.get(where)

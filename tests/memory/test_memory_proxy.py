@@ -9,12 +9,14 @@ import asyncio
 import itertools
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from injectors import tokens
+from memory import turns
 from memory.model import Scope, StoreError, user_ref
 from proxy import memory_wiring as wiring
 from proxy.app import METRICS
@@ -478,3 +480,42 @@ async def test_a_constraint_is_stored_before_its_request_is_forwarded(
     upstream.then(look)
     await s.say("Always use tabs for indentation. Now add the first migration.")
     assert any("Always use tabs for indentation." in text for text in seen[0])
+
+
+async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_split(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A turn's split and its standing reads need not wait for each other: the split waits
+    # (in its worker) for the read it should not have to come before.
+    proxy = await start_proxy(**backend.settings, keep_turns=1, window_policy="fixed",
+                              trim_slack=0)
+    store = runtime(proxy).store
+    read, waiting, saw = threading.Event(), threading.Event(), []
+    list_ = store.list
+
+    async def listed(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("types") == ["semantic"]:
+            read.set()
+        return await list_(*args, **kwargs)
+
+    split = turns.split
+
+    def split_after_the_read(*args: Any, **kwargs: Any) -> Any:
+        if waiting.is_set():
+            saw.append(read.wait(timeout=2.0))
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(store, "list", listed)
+    monkeypatch.setattr(turns, "split", split_after_the_read)
+    s = Session(proxy, upstream)
+    await s.say(f"{DB_FACT} Set up the migrations folder.")
+    await s.say("Now add the first migration.")  # the window cuts: the block is chosen again
+    await runtime(proxy).queue.join()
+    read.clear()
+    waiting.set()
+
+    sent = await s.say("Which port does the database listen on?")
+
+    assert saw == [True]
+    assert "PostgreSQL 15 on port 5433" in memory_text(sent)
