@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from bisect import bisect_right
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -293,6 +294,7 @@ class MemoryStep:
         if pinned is None and not (own and not self._working.knows(scope, session)):
             reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
         writing: asyncio.Future[None] | None = None
+        fresh: list[Memory] = []
         try:
             # Splitting digests every item of the history: in a worker, not on the loop.
             turns = await self._offload(turns_.split, session, history, ex.first_turn)
@@ -303,15 +305,20 @@ class MemoryStep:
             # recall messages kept in place.
             whole = {t.prompt_key for t in turns
                      if t.in_window and t.index not in ex.masked_turns}
-            if own:
-                update = self._update_working(scope, session, turns, now, ex.history.compacted)
-                if self._working.knows(scope, session):
-                    # What it writes now comes from this turn, in the window, where standing
-                    # memory does not look: written while recall reads (done before
-                    # forwarding).
-                    writing = asyncio.ensure_future(update)
-                else:
-                    await update  # a session new to this process: its earlier turns' first
+            compacted = ex.history.compacted
+            if own and self._working.knows(scope, session):
+                # What it writes now comes from this turn, in the window, where standing
+                # memory does not look: written while recall reads (done before forwarding).
+                writing = asyncio.ensure_future(self._working_memory(
+                    self._working.update(scope, session, turns, now=now, compacted=compacted)))
+            elif own:
+                # A session new to this process: its earlier turns' working memory, derived
+                # now, is in the standing selection whether or not the store holds it yet;
+                # it is written while the standing reads go out (done before forwarding).
+                fresh = await self._working.derived(
+                    scope, session, turns, now=now, compacted=compacted)
+                writing = asyncio.ensure_future(self._working_memory(
+                    self._working.write(scope, session, fresh, now=now)))
         except BaseException:
             _drop(found)
             _drop(reading)
@@ -327,7 +334,8 @@ class MemoryStep:
             else:
                 if reading is None:  # after the new session's working memory is written
                     reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
-                standing, used = await self._standing_for(scope, own, reading, window, now)
+                standing, used = await self._standing_for(
+                    scope, own, reading, fresh, window, now)
             if found is not None:
                 seen: dict[str, set[str]] = {}
                 for shown in kept:
@@ -375,11 +383,9 @@ class MemoryStep:
             mode=mode,
         )
 
-    async def _update_working(
-        self, scope: Scope, session: str, turns: list[turns_.Turn], now: float, compacted: bool
-    ) -> None:
+    async def _working_memory(self, work: Awaitable[object]) -> None:
         try:
-            await self._working.update(scope, session, turns, now=now, compacted=compacted)
+            await work
             self._health.ok("working memory")
         except StoreError as exc:
             self._health.failed("working memory", exc)
@@ -388,13 +394,13 @@ class MemoryStep:
         self._shown[key] = shown
 
     async def _standing_for(
-        self, scope: Scope, session: str, reading: asyncio.Future[Standing], window: set[str],
-        now: float,
+        self, scope: Scope, session: str, reading: asyncio.Future[Standing],
+        fresh: list[Memory], window: set[str], now: float,
     ) -> tuple[list[Memory], int]:
         """The standing selection and the tokens it takes, chosen again only when its
         candidates change (a window cut or a new memory), not when the clock moves their
-        scores."""
-        candidates = standing_of(await reading, window)
+        scores. ``fresh``: working memory being written meanwhile."""
+        candidates = standing_of((await reading).with_working(fresh), window)
         signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
         where = (scope, session)
         cached = self._standing.get(where)

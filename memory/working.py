@@ -87,12 +87,27 @@ class Working:
         compacted: bool = False,
     ) -> list[Memory]:
         """Store the session's working memory; returns the records. Raises StoreError."""
+        records = await self.derived(scope, session, turns, now=now, compacted=compacted)
+        await self.write(scope, session, records, now=now)
+        return records
+
+    async def derived(
+        self, scope: Scope, session: str, turns: Sequence[Turn], *, now: float,
+        compacted: bool = False,
+    ) -> list[Memory]:
+        """The session's working memory records (``derive``), not stored yet."""
         # Redaction and statement extraction scan every prompt: in a worker, not on the loop.
-        records = await self._offload(
+        return await self._offload(
             derive, scope, session, turns, now=now, ttl_s=self._ttl_s, compacted=compacted
         )
+
+    async def write(
+        self, scope: Scope, session: str, records: list[Memory], *, now: float
+    ) -> None:
+        """Store ``derived`` records: now when something is new, else through the write
+        queue (only their TTL moves). Raises StoreError."""
         if not records:
-            return []
+            return
         where = (scope, session)
         known, written_at = self._known.get(where, ({}, 0.0))
         texts = {m.key: m.text for m in records}
@@ -104,7 +119,6 @@ class Working:
         else:
             size = sum(len(t) for t in texts.values())
             self._queue.put(lambda: self._refresh(where, records, texts, now), size, key=where)
-        return records
 
     async def _refresh(
         self, where: tuple[Scope, str], records: list[Memory], texts: dict[str, str], now: float

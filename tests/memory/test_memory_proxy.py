@@ -6,6 +6,7 @@ The scenarios that depend on the store run against both backends (``backend``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -21,6 +22,7 @@ from memory.model import Scope, StoreError, user_ref
 from proxy import memory_wiring as wiring
 from proxy.app import METRICS
 from tests.conftest import SHARED_FIXTURES, ProxyFactory, require_shared
+from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend
 from tests.memory.session import (
@@ -35,6 +37,7 @@ from tests.memory.session import (
 )
 
 DB_FACT = "Our database is PostgreSQL 15 on port 5433."
+CUT_EVERY_TURN: dict[str, Any] = {"keep_turns": 1, "window_policy": "fixed", "trim_slack": 0}
 
 
 async def test_fact_cut_from_the_window_is_recalled_when_asked_about(
@@ -482,23 +485,29 @@ async def test_a_constraint_is_stored_before_its_request_is_forwarded(
     assert any("Always use tabs for indentation." in text for text in seen[0])
 
 
+def _on_standing_read(
+    store: Any, monkeypatch: pytest.MonkeyPatch, event: threading.Event | asyncio.Event
+) -> None:
+    """Set ``event`` when ``store`` is asked for semantic memory: a standing read."""
+    list_ = store.list
+
+    async def listed(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("types") == ["semantic"]:
+            event.set()
+        return await list_(*args, **kwargs)
+
+    monkeypatch.setattr(store, "list", listed)
+
+
 async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_split(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A turn's split and its standing reads need not wait for each other: the split waits
     # (in its worker) for the read it should not have to come before.
-    proxy = await start_proxy(**backend.settings, keep_turns=1, window_policy="fixed",
-                              trim_slack=0)
-    store = runtime(proxy).store
+    proxy = await start_proxy(**backend.settings, **CUT_EVERY_TURN)
     read, waiting, saw = threading.Event(), threading.Event(), []
-    list_ = store.list
-
-    async def listed(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("types") == ["semantic"]:
-            read.set()
-        return await list_(*args, **kwargs)
-
+    _on_standing_read(runtime(proxy).store, monkeypatch, read)
     split = turns.split
 
     def split_after_the_read(*args: Any, **kwargs: Any) -> Any:
@@ -506,7 +515,6 @@ async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_spli
             saw.append(read.wait(timeout=2.0))
         return split(*args, **kwargs)
 
-    monkeypatch.setattr(store, "list", listed)
     monkeypatch.setattr(turns, "split", split_after_the_read)
     s = Session(proxy, upstream)
     await s.say(f"{DB_FACT} Set up the migrations folder.")
@@ -519,3 +527,39 @@ async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_spli
 
     assert saw == [True]
     assert "PostgreSQL 15 on port 5433" in memory_text(sent)
+
+
+async def test_a_new_sessions_working_memory_is_shown_while_it_is_written(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A session new to this process (a restart) brings earlier turns: their working memory
+    # is in the first request's standing block, and its write does not hold up the reads
+    # (it waits here for them), yet ends before the request goes out.
+    proxy = await start_proxy(**backend.settings, **CUT_EVERY_TURN)
+    store = runtime(proxy).store
+    read, order = asyncio.Event(), []
+    _on_standing_read(store, monkeypatch, read)
+    upsert_ = store.upsert
+
+    async def upsert(memories: Any) -> Any:
+        if any(m.type == "working" for m in memories):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(read.wait(), 2.0)
+            order.append(("written", read.is_set()))
+        return await upsert_(memories)
+
+    async def look(request: Any, rec: Any) -> Any:
+        order.append(("forwarded", True))
+        return await upstream.stream(request, rec)
+
+    monkeypatch.setattr(store, "upsert", upsert)
+    upstream.then(look)
+    s = Session(proxy, upstream)
+    s.items = [*s.items, *codex.text_turn("Never commit to main. Set up the repository."),
+               *codex.text_turn("Now add a README.")]
+
+    sent = await s.say("Add a license file.")
+
+    assert order == [("written", True), ("forwarded", True)]
+    assert "Never commit to main." in standing_memory(sent)
