@@ -220,7 +220,7 @@ class Standing:
     semantic: list[Memory]
 
     def with_working(self, records: Sequence[Memory]) -> Standing:
-        """This, and the working-memory ``records`` it lacks (by key: ones being written)."""
+        """This, and the working-memory ``records`` it lacks (by key: ones written meanwhile)."""
         held = {m.key for m in self.working}
         return Standing([*self.working, *(m for m in records if m.key not in held)],
                         self.semantic)

@@ -285,16 +285,17 @@ class MemoryStep:
                      scope, own, history.prompt_text(history.turns - 1), now)))
         # Until the window cuts, the forwarded history starts with the pinned block: what it
         # shows is the standing selection, and nothing needs reading. Else the reads go out
-        # now too (the window only filters what they bring), unless working memory is yet to
-        # be written for a session new to this process.
+        # now too (the window only filters what they bring), but for a session new to this
+        # process after its working memory is derived.
         pinned = self._pinned.get((scope, session))
         if not (forwarded and pinned is not None and pinned.first == forwarded[0][1]):
             pinned = None
+        new_session = bool(own) and not self._working.knows(scope, session)
         reading: asyncio.Future[Standing] | None = None
-        if pinned is None and not (own and not self._working.knows(scope, session)):
+        if pinned is None and not new_session:
             reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
-        writing: asyncio.Future[None] | None = None
-        fresh: list[Memory] = []
+        writing: asyncio.Future[list[Memory]] | None = None
+        written: asyncio.Future[list[Memory]] | None = None  # a new session's, for standing
         try:
             # Splitting digests every item of the history: in a worker, not on the loop.
             turns = await self._offload(turns_.split, session, history, ex.first_turn)
@@ -306,19 +307,20 @@ class MemoryStep:
             whole = {t.prompt_key for t in turns
                      if t.in_window and t.index not in ex.masked_turns}
             compacted = ex.history.compacted
-            if own and self._working.knows(scope, session):
+            if own and not new_session:
                 # What it writes now comes from this turn, in the window, where standing
                 # memory does not look: written while recall reads (done before forwarding).
                 writing = asyncio.ensure_future(self._working_memory(
                     self._working.update(scope, session, turns, now=now, compacted=compacted)))
-            elif own:
-                # A session new to this process: its earlier turns' working memory, derived
-                # now, is in the standing selection whether or not the store holds it yet;
-                # it is written while the standing reads go out (done before forwarding).
-                fresh = await self._working.derived(
+            elif new_session:
+                # A session new to this process: its earlier turns' working memory is written
+                # while the standing reads go out, and what the store took of it (not what
+                # was forgotten) is in the standing selection whether the reads saw it or not
+                # (written before forwarding).
+                derived = await self._working.derived(
                     scope, session, turns, now=now, compacted=compacted)
-                writing = asyncio.ensure_future(self._working_memory(
-                    self._working.write(scope, session, fresh, now=now)))
+                writing = written = asyncio.ensure_future(self._working_memory(
+                    self._working.write(scope, session, derived, now=now)))
         except BaseException:
             _drop(found)
             _drop(reading)
@@ -332,10 +334,10 @@ class MemoryStep:
             if pinned is not None:
                 standing, used = list(pinned.chosen), pinned.used
             else:
-                if reading is None:  # after the new session's working memory is written
+                if reading is None:  # a new session's, once its working memory is derived
                     reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
                 standing, used = await self._standing_for(
-                    scope, own, reading, fresh, window, now)
+                    scope, own, reading, written, window, now)
             if found is not None:
                 seen: dict[str, set[str]] = {}
                 for shown in kept:
@@ -383,24 +385,30 @@ class MemoryStep:
             mode=mode,
         )
 
-    async def _working_memory(self, work: Awaitable[object]) -> None:
+    async def _working_memory(self, work: Awaitable[list[Memory]]) -> list[Memory]:
+        """``work``'s records; [] when the store failed (counted)."""
         try:
-            await work
-            self._health.ok("working memory")
+            records = await work
         except StoreError as exc:
             self._health.failed("working memory", exc)
+            return []
+        self._health.ok("working memory")
+        return records
 
     def _remember(self, key: TurnKey, shown: Shown) -> None:
         self._shown[key] = shown
 
     async def _standing_for(
         self, scope: Scope, session: str, reading: asyncio.Future[Standing],
-        fresh: list[Memory], window: set[str], now: float,
+        written: Awaitable[list[Memory]] | None, window: set[str], now: float,
     ) -> tuple[list[Memory], int]:
         """The standing selection and the tokens it takes, chosen again only when its
         candidates change (a window cut or a new memory), not when the clock moves their
-        scores. ``fresh``: working memory being written meanwhile."""
-        candidates = standing_of((await reading).with_working(fresh), window)
+        scores. ``written``: working memory being written meanwhile, as the store took it."""
+        read = await reading
+        if written is not None:
+            read = read.with_working(await written)
+        candidates = standing_of(read, window)
         signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
         where = (scope, session)
         cached = self._standing.get(where)

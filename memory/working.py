@@ -103,22 +103,25 @@ class Working:
 
     async def write(
         self, scope: Scope, session: str, records: list[Memory], *, now: float
-    ) -> None:
+    ) -> list[Memory]:
         """Store ``derived`` records: now when something is new, else through the write
-        queue (only their TTL moves). Raises StoreError."""
+        queue (only their TTL moves). Returns what the store holds of them once written now
+        (a forgotten one it refuses; one stored before keeps its id), else []. Raises
+        StoreError."""
         if not records:
-            return
+            return []
         where = (scope, session)
         known, written_at = self._known.get(where, ({}, 0.0))
         texts = {m.key: m.text for m in records}
         # Written now when something is new, or when the last write may have expired
         # (a session back after a pause): recall reads these records in a moment.
         if any(known.get(k) != t for k, t in texts.items()) or now - written_at > self._ttl_s / 2:
-            await self._store.upsert(records)
+            stored = await self._store.upsert(records)
             self._remember(where, texts, now)
-        else:
-            size = sum(len(t) for t in texts.values())
-            self._queue.put(lambda: self._refresh(where, records, texts, now), size, key=where)
+            return stored
+        size = sum(len(t) for t in texts.values())
+        self._queue.put(lambda: self._refresh(where, records, texts, now), size, key=where)
+        return []
 
     async def _refresh(
         self, where: tuple[Scope, str], records: list[Memory], texts: dict[str, str], now: float
