@@ -336,6 +336,7 @@ class _Best:
     """How a text matches a question: the share of its words the best line holds, and what
     the lines are picked by (the words of the part of the question it answers best)."""
 
+    parsed: _Text
     match: float
     order: tuple[str, ...]
     words_of: tuple[frozenset[str], ...]
@@ -365,7 +366,7 @@ def _best(text: str, query: str) -> _Best:
             if i > 0:
                 order = [w for w in order if w in part]
                 words_of = [ws & part for ws in words_of]
-    found = _Best(best, tuple(order), tuple(words_of))
+    found = _Best(parsed, best, tuple(order), tuple(words_of))
     _last_best = (text, query, found)
     return found
 
@@ -395,8 +396,7 @@ def snippet(
     """
     found = _best(text, query)
     order, words_of = found.order, found.words_of
-    parsed = _parse(text)
-    lines, contexts = parsed.lines, parsed.contexts
+    lines, contexts = found.parsed.lines, found.parsed.contexts
     # A token covers one character at least and rarely more than a dozen: skip counting
     # a text that is surely short, or surely long.
     if len(text) <= max_tokens or (len(text) < 12 * max_tokens and count(text) <= max_tokens):

@@ -153,17 +153,17 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
     runner = Runner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
     )
+    await runner.setup()
     # A worker's siblings ask for its metrics on its socket: an app of that one route, so
     # that the socket is no way around client keys.
     siblings = web.AppRunner(sibling_app(app[METRICS]), access_log=None)
-    await runner.setup()
-    await siblings.setup()
     site = web.TCPSite(
         runner, settings.host, settings.port, backlog=1024, reuse_port=peers is not None
     )
     try:
         await site.start()
         if peers is not None:  # asyncio removes a replaced worker's socket file first
+            await siblings.setup()
             await web.UnixSite(siblings, str(peers.socket(peers.index))).start()
     except OSError:
         await siblings.cleanup()
