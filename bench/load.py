@@ -314,7 +314,7 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
 
     async def switch() -> None:
         await asyncio.sleep(warmup)
-        measuring()
+        await asyncio.to_thread(measuring)  # it may scrape the proxy: not on this loop
 
     await asyncio.gather(switch(), *(user(n) for n in range(users)))
     warm.seconds = min(warmup, time.perf_counter() - began)
@@ -422,7 +422,7 @@ def scrape(proc: Proc) -> dict[str, float]:
             continue
         name, labels, value = match.groups()
         out[name] += float(value)
-        for label in re.findall(r'(?:result|reason|source|status)="([^"]*)"', labels or ""):
+        for label in re.findall(r'(?:result|reason|source|status|le)="([^"]*)"', labels or ""):
             out[f"{name}[{label}]"] += float(value)
     return dict(out)
 
@@ -457,6 +457,8 @@ class Outcome:
     # The proxy's hold of each measured request before it went upstream (the access log's
     # prepare_ms), by its memory cache: "miss" a new user turn, "hit" a later request of it.
     prepare_ms: dict[str, list[float]] = field(default_factory=dict)
+    # The buckets the event loop's lag's p50 and p99 fall in over the measured run.
+    loop_lag: tuple[str, str] | None = None
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
@@ -492,10 +494,13 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         pids = tree(proxy.popen.pid)
         cpu_at: list[float] = []
         log_at: list[int] = []
+        metrics_at: list[dict[str, float]] = []
 
         def measuring() -> None:
             cpu_at.append(tree_cpu_s(pids))
             log_at.append(proxy.log.stat().st_size if proxy is not None else 0)
+            if proxy is not None:
+                metrics_at.append(scrape(proxy))
             print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
 
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
@@ -505,6 +510,7 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
                                     measuring=measuring, answers=args.answers)
         cpu = tree_cpu_s(pids) - cpu_at[0]
         metrics = scrape(proxy)
+        lag = _lag(metrics, metrics_at[0] if metrics_at else {})
         peak = sum(vm_kib(pid, "VmHWM") for pid in pids)
         end = sum(vm_kib(pid, "VmRSS") for pid in pids)
     finally:
@@ -515,11 +521,14 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     # The memory side logs the first failure of each part (and its recovery).
     degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
     return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
-                   log[-3000:], relay, relay_cpu, prepared(proxy, log_at[0] if log_at else 0))
+                   log[-3000:], relay, relay_cpu, prepared(proxy, log_at[0] if log_at else 0),
+                   lag)
 
 
 def prepared(proxy: Proc | None, offset: int) -> dict[str, list[float]]:
-    """The access log's prepare_ms from ``offset`` on, by memory cache (miss, hit)."""
+    """The access log's prepare_ms from ``offset`` on, by memory cache (miss, hit) and of
+    every request ("all"), and its ttfb_ms ("upstream": from going upstream to the first
+    byte back)."""
     out: dict[str, list[float]] = collections.defaultdict(list)
     if proxy is None:
         return out
@@ -531,6 +540,9 @@ def prepared(proxy: Proc | None, offset: int) -> dict[str, list[float]]:
             with contextlib.suppress(orjson.JSONDecodeError):
                 entry = orjson.loads(line)
                 out[str(entry.get("memory_cache", "none"))].append(float(entry["prepare_ms"]))
+                out["all"].append(float(entry["prepare_ms"]))
+                if entry.get("ttfb_ms") is not None:
+                    out["upstream"].append(float(entry["ttfb_ms"]))
     return out
 
 
@@ -554,6 +566,23 @@ async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
         return run, tree_cpu_s(pids) - cpu_at[0]
     finally:
         stop(naive)
+
+
+def _lag(m: dict[str, float], before: dict[str, float]) -> tuple[str, str] | None:
+    """The buckets the event loop's lag's p50 and p99 fall in, from the scraped histogram:
+    its samples in ``m`` less those already in ``before``."""
+    name = "ctxproxy_event_loop_lag_seconds_bucket"
+    buckets = sorted((float(k[len(name) + 1:-1]), v - before.get(k, 0.0)) for k, v in m.items()
+                     if k.startswith(name + "["))
+    if not buckets or not buckets[-1][1]:
+        return None
+    total = buckets[-1][1]
+
+    def under(q: float) -> str:
+        bound = next(le for le, n in buckets if n >= q * total)
+        return "+Inf" if bound == float("inf") else f"{bound * 1000:g} ms"
+
+    return under(.5), under(.99)
 
 
 def _q(values: Sequence[float], q: float) -> float:
@@ -635,6 +664,14 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
             f"{name} {len(v):,}, p50 {_q(v, .5) / 1000:.1f} ms, p99 {_q(v, .99) / 1000:.1f} ms"
             for name, key in (("new user turns", "miss"), ("their later requests", "hit"))
             if (v := o.prepare_ms.get(key))) + ".",
+        *([f"- Where a request's time to first byte went (the access log, measured run; p50 / "
+           f"p99, each quantile of its own): held before forwarding "
+           f"{_q(held, .5) / 1000:.1f} / {_q(held, .99) / 1000:.1f} ms, then the upstream's "
+           f"first byte {_q(up, .5) / 1000:.1f} / {_q(up, .99) / 1000:.1f} ms after it went "
+           f"(the upstream seen directly: {_q(d.ttfb, .5):.1f} / {_q(d.ttfb, .99):.1f} ms); "
+           "the rest of what the client saw is its own and the connection's."]
+          if (held := o.prepare_ms.get("all")) and (up := o.prepare_ms.get("upstream"))
+          else []),
         "- From the proxy's /metrics (warm-up included"
         + (f"; its {args.workers} workers added up" if args.workers > 1 else "") + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
@@ -649,6 +686,8 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
             f"{m.get(f'ctxproxy_ingest_queue_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("jobs", "bytes", "failed"))
         + f". Episodes stored after shutdown: {o.episodes:,}.",
+        *([f"- The event loop's lag (/metrics, measured run, every worker's samples): "
+           f"p50 under {lag[0]}, p99 under {lag[1]}."] if (lag := o.loop_lag) else []),
         "- Added latency is the difference of the quantiles of two runs of the same load "
         "(straight to the upstream, then through the proxy), so it includes the CPU the "
         "proxy takes from the client and the upstream on the same two cores.",
