@@ -682,6 +682,8 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"{m.get('ctxproxy_fail_open_total', 0):,.0f}; degraded "
         f"{m.get('ctxproxy_degraded_total', 0):,.0f}"
         + (f" ({', '.join(o.degraded)})" if o.degraded else "")
+        + f", of which forwarded uncut (nothing cut lost) "
+        f"{m.get('ctxproxy_memory_forwarded_whole_total', 0):,.0f}"
         + "; memory writes refused or failed: " + ", ".join(
             f"{m.get(f'ctxproxy_ingest_queue_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("jobs", "bytes", "failed"))

@@ -207,7 +207,8 @@ class Settings(BaseSettings):
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")
     weight_semantic: float = Field(0.8, ge=0, description="Recall weight of semantic memory.")
     memory_timeout_ms: int = Field(
-        1000, gt=0, description="The most a request waits for memory before going without it."
+        1000, gt=0,
+        description="The most a request waits for memory before going without it (and uncut).",
     )
     ingest_queue_size: int = Field(1000, gt=0, description="Pending memory writes at most.")
     ingest_queue_mb: float = Field(

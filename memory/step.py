@@ -163,6 +163,7 @@ class MemoryStep:
         recalled: Counter | None = None,
         offload: Offload = asyncio.to_thread,
         recall_modes: Counter | None = None,
+        forwarded_whole: Counter | None = None,
     ) -> None:
         self._settings = settings
         self._budget_s = settings.memory_timeout_ms / 1000
@@ -175,6 +176,7 @@ class MemoryStep:
         self._recall_seconds = recall_seconds
         self._recalled = recalled
         self._recall_modes = recall_modes  # labelled by mode
+        self._whole_count = forwarded_whole
         self._offload = offload
         # The newest turn of each request waiting for its answer (see ``answered``), by the
         # request's Notes: the one object the relay and this step both see. The entry holds
@@ -214,20 +216,32 @@ class MemoryStep:
             prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
         except TimeoutError:
             self._health.failed("memory in time", TimeoutError("store too slow"))
-            ex.notes.memory_degraded = True
+            self._whole(ex)
             return
         except Exception:
             self._turns.pop(key, None)  # a bug, not a store failure: try again next time
             raise
         self._health.ok("memory in time")
         if prepared.degraded:
-            ex.notes.memory_degraded = True
+            self._whole(ex)
+            return
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
             ex.notes.recall_mode = prepared.mode
         if prepared.ids:
             ex.notes.memory_ids = prepared.ids
         self._apply(ex, prepared, scope, session)
+
+    def _whole(self, ex: Exchange) -> None:
+        """No memory for this request (late, or the store failed): what the window cut
+        would be shown nowhere, so the history goes out whole, as the client sent it. The
+        turn's memory is still prepared; its next request is cut again and gets it."""
+        ex.notes.memory_degraded = True
+        if ex.first_turn:
+            ex.uncut()
+            ex.notes.memory_whole = True
+            if self._whole_count is not None:
+                self._whole_count.inc()
 
     def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
         """The answer relayed for the request whose exchange has ``notes`` (its
@@ -274,7 +288,9 @@ class MemoryStep:
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
         # shared by everyone who opens the same way. Its turns are still remembered.
         own = session if ex.identity.session_id else ""
+        # What the window did, read now: a request that waits no longer undoes it (_whole).
         forwarded = _forwarded_turns(ex, scope, session)
+        first, masked = ex.first_turn, ex.masked_turns
         newest = self._shown.get(forwarded[-1][1]) if forwarded else None
         # This turn's recall reads go out first (they need only its prompt), beside the
         # split, working memory's writes and the standing selection's reads: only the pick
@@ -298,14 +314,14 @@ class MemoryStep:
         written: asyncio.Future[list[Memory]] | None = None  # a new session's, for standing
         try:
             # Splitting digests every item of the history: in a worker, not on the loop.
-            turns = await self._offload(turns_.split, session, history, ex.first_turn)
+            turns = await self._offload(turns_.split, session, history, first)
             window = {t.prompt_key for t in turns if t.in_window}
             kept = [self._shown.get(key) for _, key in forwarded[:-1]]
             # Memories the model still sees in the window: the turns it shows whole (a turn
             # with masked outputs is not: recall may show the lines masking removed), and the
             # recall messages kept in place.
             whole = {t.prompt_key for t in turns
-                     if t.in_window and t.index not in ex.masked_turns}
+                     if t.in_window and t.index not in masked}
             compacted = ex.history.compacted
             if own and not new_session:
                 # What it writes now comes from this turn, in the window, where standing
@@ -435,8 +451,8 @@ class MemoryStep:
             return
         items = ex.items
         forwarded = _forwarded_turns(ex, scope, session)
-        if items is None or not forwarded or prepared.degraded:
-            return  # a failing store: no memory at all, not even the kept messages
+        if items is None or not forwarded:
+            return
         # Before each position, the messages that go there: the standing block before the
         # first forwarded turn, each turn's recall message before its prompt (the earlier
         # turns' from the LRU, the newest turn's from this turn's preparation).

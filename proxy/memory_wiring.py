@@ -157,6 +157,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         recalled=metrics.recall_hits,
         offload=pool.run,
         recall_modes=metrics.recall_modes,
+        forwarded_whole=metrics.forwarded_whole,
     )
     # The tokenizer loads in most of a second: now, off the loop, not on the first turn.
     await asyncio.to_thread(tokens.encoding_name)

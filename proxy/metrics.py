@@ -66,6 +66,11 @@ class Metrics:
             "embeddings configured), lexical-degraded (the embeddings endpoint or vector "
             "search failed that turn).", ["mode"], registry=r,
         )
+        self.forwarded_whole = Counter(
+            "ctxproxy_memory_forwarded_whole",
+            "Requests that got no memory in time, or whose store failed, and so went out with "
+            "the history the window would have cut: nothing it cut is lost.", registry=r,
+        )
         self.embedded = Counter(
             "ctxproxy_memory_embedded",
             "Memory chunks indexed for hybrid recall: embedded (an embeddings call) or cached "

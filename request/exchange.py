@@ -115,6 +115,7 @@ class Notes:
     memory_recalled: int | None = None
     memory_ids: tuple[str, ...] | None = None  # the memories shown (standing and recalled)
     memory_degraded: bool | None = None
+    memory_whole: bool | None = None  # no memory in time: the history went out uncut
     recall_kept: int | None = None
     recall_mode: str | None = None  # hybrid, lexical, lexical-degraded
 
@@ -203,6 +204,20 @@ class Exchange:
     def history_is_foreign(self) -> bool:
         """The history belongs to someone else: the server's, or a compaction's."""
         return bool(self.body.get("previous_response_id")) or self.is_compaction
+
+    def uncut(self) -> None:
+        """Forward the client's input whole again: the window's cut undone (and what came
+        with it: the digest of the cut turns, masked outputs); what other steps did to the
+        rest of the body stays."""
+        if not self.first_turn:
+            return  # the window cut nothing (it masks only with a cut)
+        self.body = {**self.body, "input": list(self.history.items)}
+        self.cut = []
+        self.first_turn = 0
+        self.starts = list(self.history.starts)
+        self.masked_turns = frozenset()
+        self.notes.outputs_masked = self.notes.cut_digest_chars = None
+        self.changed = True
 
     def checkpoint(self) -> Checkpoint:
         return (dict(self.body), self.cut, self.first_turn, self.starts, self.masked_turns,

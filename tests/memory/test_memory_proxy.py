@@ -298,7 +298,7 @@ async def test_every_request_of_a_turn_gets_the_same_memory_bytes(
     assert first.get("instructions") == second.get("instructions")
 
 
-async def test_store_failure_leaves_the_request_without_memory_but_forwards_it(
+async def test_store_failure_forwards_the_request_whole_without_memory(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
     proxy = await start_proxy(keep_turns=2, trim_slack=0)
@@ -312,10 +312,19 @@ async def test_store_failure_leaves_the_request_without_memory_but_forwards_it(
     sent = await s.say("turn 5: which database port do we use?")
 
     assert "_memory" not in memory_text(sent)
-    assert user_texts(sent)[-1] == "turn 5: which database port do we use?"
-    assert len([t for t in user_texts(sent) if t.startswith("turn")]) == 2  # window still cut
+    # No memory would show what the window cut: the history goes out as the client sent it.
+    assert user_texts(sent)[1:] == [DB_FACT, *(f"turn {n}: step {n}" for n in range(2, 5)),
+                                    "turn 5: which database port do we use?"]
+    assert "earlier_turns" not in str(sent["input"])
     registry = proxy.app[METRICS].registry
     assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) >= 1
+    assert registry.get_sample_value("ctxproxy_memory_forwarded_whole_total") == 1
+
+    await runtime(proxy).store.open()
+    sent = await s.say("turn 6: add a health check")  # the store is back: cut again
+    assert [t for t in user_texts(sent) if t.startswith("turn")] == [
+        "turn 5: which database port do we use?", "turn 6: add a health check"]
+    assert "_memory" in memory_text(sent)
 
 
 async def test_unreadable_store_file_still_serves_requests(
@@ -434,6 +443,7 @@ async def test_a_store_that_hangs_costs_a_request_at_most_the_memory_budget(
     proxy = await start_proxy(keep_turns=2, trim_slack=0, memory_timeout_ms=200)
     s = Session(proxy, upstream)
     await s.say(DB_FACT)
+    await s.say("turn 2: step 2")
     await runtime(proxy).queue.join()
     store = runtime(proxy).store
     release = asyncio.Event()
@@ -447,9 +457,11 @@ async def test_a_store_that_hangs_costs_a_request_at_most_the_memory_budget(
 
     # Bounded by the test's own timeout, not a timing assertion: without the budget the
     # request would wait on the store for ever.
-    sent = await asyncio.wait_for(s.say("turn 2: which database port do we use?"), 30)
+    sent = await asyncio.wait_for(s.say("turn 3: which database port do we use?"), 30)
 
-    assert user_texts(sent)[-1] == "turn 2: which database port do we use?"
+    # Memory came too late to show what the window cuts: the whole history went out.
+    assert user_texts(sent)[1:] == [
+        DB_FACT, "turn 2: step 2", "turn 3: which database port do we use?"]
     assert "_memory" not in memory_text(sent)
     registry = proxy.app[METRICS].registry
     assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) >= 1
