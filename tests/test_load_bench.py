@@ -92,3 +92,21 @@ async def test_the_fake_upstream_streams_the_answer_the_header_names() -> None:
         canned = await client.post("/v1/responses", data=body)
         assert await named.read() == answer_stream(headers[ANSWER_HEADER])
         assert await canned.read() != await named.read()
+
+
+def test_the_loop_lag_quantiles_are_the_measured_runs_own() -> None:
+    bucket = "ctxproxy_event_loop_lag_seconds_bucket"
+    before = {f"{bucket}[0.005]": 90.0, f"{bucket}[0.05]": 100.0, f"{bucket}[+Inf]": 100.0}
+    after = {f"{bucket}[0.005]": 100.0, f"{bucket}[0.05]": 150.0, f"{bucket}[+Inf]": 200.0}
+    # Of the 100 samples since, 10 within 5 ms, 50 within 50 ms, the rest above.
+    assert load._lag(after, before) == ("50 ms", "+Inf")
+    assert load._lag(after, {}) == ("5 ms", "+Inf")  # the warm-up's samples would count
+    assert load._lag(before, before) is None
+
+
+def test_the_convoy_bench_reports_every_kind_of_work() -> None:
+    from bench import gil_convoy
+
+    rows = gil_convoy.measure(0.01, 1)
+    assert [name for name, _, _ in rows] == list(gil_convoy.kinds())
+    assert all(rate > 0 and rate2 > 0 for _, (rate, _), (rate2, _) in rows)
