@@ -45,11 +45,22 @@ _WORDS = re.compile(r"[a-z]+\s*\(")
 _WORDS2 = re2.compile(r"[a-z]+\s*\(")
 
 
+def _handing_over(hand: Callable[[], object] = lambda: time.sleep(0)) -> None:
+    """The pure Python sum in ten parts, ``hand`` called after each: ``sleep(0)`` lets the
+    GIL go for as long as the kernel takes to wake the thread; ``sched_yield`` lets it go
+    too, but the thread takes it back before another can."""
+    for _ in range(10):
+        sum(i * i for i in range(1_000))
+        hand()
+
+
 def kinds() -> dict[str, Callable[[], object]]:
     """The other thread's work, by what it is."""
     return {
         "nothing (the thread sleeps)": lambda: time.sleep(0.05),
         "pure Python (a sum over 10,000 numbers)": lambda: sum(i * i for i in range(10_000)),
+        "the same, with time.sleep(0) after every 1,000": _handing_over,
+        "the same, with os.sched_yield() after every 1,000": lambda: _handing_over(os.sched_yield),
         "Python re over 64 KB": lambda: _WORDS.findall(TEXT),
         "re2 over 64 KB": lambda: _WORDS2.findall(TEXT),
         "tiktoken, 64 KB": lambda: tokens.count(TEXT),
