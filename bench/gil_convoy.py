@@ -90,7 +90,7 @@ def convoy(work: Callable[[], object], seconds: float) -> tuple[float, float]:
             now = time.perf_counter()
             worst, last, trips = max(worst, now - last), now, trips + 1
         thread.join()
-        return trips / (last - began), worst * 1000
+        return trips / (time.perf_counter() - began), worst * 1000
     finally:
         os.close(r)
         os.close(w)

@@ -109,4 +109,5 @@ def test_the_convoy_bench_reports_every_kind_of_work() -> None:
 
     rows = gil_convoy.measure(0.01, 1)
     assert [name for name, _, _ in rows] == list(gil_convoy.kinds())
-    assert all(rate > 0 and rate2 > 0 for _, (rate, _), (rate2, _) in rows)
+    assert rows[0][1][0] > 0  # beside a sleeping thread the loop makes its round trips
+    assert "| nothing (the thread sleeps) |" in gil_convoy.report(rows, 1, [])
