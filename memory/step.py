@@ -2,8 +2,11 @@
 
 Per user turn (the first request of it): split the history into turns, write working memory
 (before forwarding), queue the episodes, recall. The result is cached for the turn, so every
-request of its tool loop gets the same bytes and costs a dictionary lookup. Any store failure
-leaves the request without memory blocks; it is counted, logged once, and never fails it.
+request of its tool loop gets the same bytes and costs a dictionary lookup. Any store failure,
+or memory not ready within the budget, leaves the request without this turn's memory: it gets
+the blocks the session's last request showed while the window has not cut since, else the
+window's cut is undone (nothing would show what it cut); it is counted, logged once, and
+never fails the request.
 
 A turn's recall message stays where it was put (before the turn's prompt) for as long as the
 turn is in the forwarded window: later requests re-insert the same bytes, so the forwarded
@@ -216,14 +219,14 @@ class MemoryStep:
             prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
         except TimeoutError:
             self._health.failed("memory in time", TimeoutError("store too slow"))
-            self._whole(ex)
+            self._without_memory(ex, scope, session)
             return
         except Exception:
             self._turns.pop(key, None)  # a bug, not a store failure: try again next time
             raise
         self._health.ok("memory in time")
         if prepared.degraded:
-            self._whole(ex)
+            self._without_memory(ex, scope, session)
             return
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
@@ -232,11 +235,19 @@ class MemoryStep:
             ex.notes.memory_ids = prepared.ids
         self._apply(ex, prepared, scope, session)
 
-    def _whole(self, ex: Exchange) -> None:
-        """No memory for this request (late, or the store failed): what the window cut
-        would be shown nowhere, so the history goes out whole, as the client sent it. The
-        turn's memory is still prepared; its next request is cut again and gets it."""
+    def _without_memory(self, ex: Exchange, scope: Scope, session: str) -> None:
+        """No memory for this request (late, or the store failed). Until the window cuts
+        again, this process still has the blocks the session's last request showed: they go
+        in as they were (the same bytes: the prompt cache stays warm), without this turn's
+        recall. Else nothing would show what the window cut, and the history goes out whole,
+        as the client sent it. The turn's memory is still prepared for its next request."""
         ex.notes.memory_degraded = True
+        forwarded = _forwarded_turns(ex, scope, session)
+        pinned = self._pinned.get((scope, session))
+        if (self._placement == "split" and forwarded and pinned is not None
+                and pinned.first == forwarded[0][1]):
+            self._apply(ex, Prepared(chosen=pinned.chosen, used=pinned.used), scope, session)
+            return
         if ex.first_turn:
             ex.uncut()
             ex.notes.memory_whole = True
@@ -288,7 +299,7 @@ class MemoryStep:
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
         # shared by everyone who opens the same way. Its turns are still remembered.
         own = session if ex.identity.session_id else ""
-        # What the window did, read now: a request that waits no longer undoes it (_whole).
+        # What the window did, read now: a request that waits no longer may undo it.
         forwarded = _forwarded_turns(ex, scope, session)
         first, masked = ex.first_turn, ex.masked_turns
         newest = self._shown.get(forwarded[-1][1]) if forwarded else None

@@ -115,7 +115,7 @@ class Notes:
     memory_recalled: int | None = None
     memory_ids: tuple[str, ...] | None = None  # the memories shown (standing and recalled)
     memory_degraded: bool | None = None
-    memory_whole: bool | None = None  # no memory in time: the history went out uncut
+    memory_whole: bool | None = None  # no memory (late, a failed store): sent uncut
     recall_kept: int | None = None
     recall_mode: str | None = None  # hybrid, lexical, lexical-degraded
 

@@ -468,6 +468,39 @@ async def test_a_store_that_hangs_costs_a_request_at_most_the_memory_budget(
     release.set()
 
 
+async def test_a_late_turn_keeps_the_last_requests_blocks_while_the_window_holds(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fixed rule in steps of three turns: turns 5 to 7 forward from turn 4 on.
+    proxy = await start_proxy(keep_turns=2, trim_slack=2, memory_timeout_ms=200)
+    s = Session(proxy, upstream)
+    await s.say(f"turn 1: set up the migrations folder. {DB_FACT}")
+    for n in range(2, 5):
+        await s.say(f"turn {n}: step {n}")
+    before = await s.say("turn 5: step 5")
+    await runtime(proxy).queue.join()
+    release = asyncio.Event()
+
+    async def hang(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()
+        raise StoreError("the database went away")
+
+    for name in ("search", "list", "upsert", "get"):
+        monkeypatch.setattr(runtime(proxy).store, name, hang)
+    sent = await asyncio.wait_for(s.say("turn 6: which database port do we use?"), 30)
+
+    # The window has not cut since: the blocks the last request showed go in again, the
+    # same bytes (its whole input is this one's prefix), and the cut stays.
+    assert "set up the migrations folder" in standing_memory(before)
+    assert sent["input"][: len(before["input"])] == before["input"]
+    assert [t for t in user_texts(sent) if t.startswith("turn")] == [
+        "turn 4: step 4", "turn 5: step 5", "turn 6: which database port do we use?"]
+    registry = proxy.app[METRICS].registry
+    assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) >= 1
+    assert registry.get_sample_value("ctxproxy_memory_forwarded_whole_total") == 0
+    release.set()
+
+
 async def test_a_constraint_is_stored_before_its_request_is_forwarded(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
