@@ -243,13 +243,11 @@ class MemoryStep:
         as the client sent it. The turn's memory is still prepared for its next request."""
         ex.notes.memory_degraded = True
         forwarded = _forwarded_turns(ex, scope, session)
-        pinned = self._pinned.get((scope, session))
-        if (self._placement == "split" and forwarded and pinned is not None
-                and pinned.first == forwarded[0][1]):
+        pinned = self._pin(scope, session, forwarded[0][1] if forwarded else None)
+        if self._placement == "split" and pinned is not None:
             self._apply(ex, Prepared(chosen=pinned.chosen, used=pinned.used), scope, session)
             return
-        if ex.first_turn:
-            ex.uncut()
+        if ex.uncut():
             ex.notes.memory_whole = True
             if self._whole_count is not None:
                 self._whole_count.inc()
@@ -314,9 +312,7 @@ class MemoryStep:
         # shows is the standing selection, and nothing needs reading. Else the reads go out
         # now too (the window only filters what they bring), but for a session new to this
         # process after its working memory is derived.
-        pinned = self._pinned.get((scope, session))
-        if not (forwarded and pinned is not None and pinned.first == forwarded[0][1]):
-            pinned = None
+        pinned = self._pin(scope, session, forwarded[0][1] if forwarded else None)
         new_session = bool(own) and not self._working.knows(scope, session)
         reading: asyncio.Future[Standing] | None = None
         if pinned is None and not new_session:
@@ -422,6 +418,14 @@ class MemoryStep:
         self._health.ok("working memory")
         return records
 
+    def _pin(self, scope: Scope, session: str, first: TurnKey | None) -> Pinned | None:
+        """The session's pinned standing block, while ``first`` (the first forwarded turn)
+        is still the turn it stands before: the window has not cut since it was pinned."""
+        pinned = self._pinned.get((scope, session))
+        if pinned is None or first is None or pinned.first != first:
+            return None
+        return pinned
+
     def _remember(self, key: TurnKey, shown: Shown) -> None:
         self._shown[key] = shown
 
@@ -499,8 +503,8 @@ class MemoryStep:
         byte, until the window cuts (the first forwarded turn changes). A new memory waits for
         the cut, where the prompt cache breaks anyway: in ``instructions``, a block that
         changed re-read the whole prompt after them, the agent's own context included."""
-        pinned = self._pinned.get((scope, session))
-        if pinned is not None and pinned.first == first:
+        pinned = self._pin(scope, session, first)
+        if pinned is not None:
             return pinned.message
         text = prepared.standing
         message = _developer_message(text) if text else None

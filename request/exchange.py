@@ -205,12 +205,12 @@ class Exchange:
         """The history belongs to someone else: the server's, or a compaction's."""
         return bool(self.body.get("previous_response_id")) or self.is_compaction
 
-    def uncut(self) -> None:
+    def uncut(self) -> bool:
         """Forward the client's input whole again: the window's cut undone (and what came
         with it: the digest of the cut turns, masked outputs); what other steps did to the
-        rest of the body stays."""
+        rest of the body stays. False when there was no cut to undo."""
         if not self.first_turn:
-            return  # the window cut nothing (it masks only with a cut)
+            return False  # the window cut nothing (it masks only with a cut)
         self.body = {**self.body, "input": list(self.history.items)}
         self.cut = []
         self.first_turn = 0
@@ -218,6 +218,7 @@ class Exchange:
         self.masked_turns = frozenset()
         self.notes.outputs_masked = self.notes.cut_digest_chars = None
         self.changed = True
+        return True
 
     def checkpoint(self) -> Checkpoint:
         return (dict(self.body), self.cut, self.first_turn, self.starts, self.masked_turns,
