@@ -39,8 +39,8 @@ from bench.load import SCRIPTS, Script, Thread, knowledge
 from config import load_settings
 from injectors import tokens
 from ledger.counterfactual import PartCounter
+from ledger.measure import Measurer, Pending
 from ledger.model import Record
-from ledger.recorder import Pending, Recorder
 from proxy import ledger_wiring
 from proxy.app import Access, Sent
 from proxy.assemble import build_app
@@ -62,13 +62,14 @@ async def capture(scripts: int, turns: int, workdir: Path) -> list[tuple[Pending
     knowledge(workdir, data_dir)
     upstream = await serve(upstream_app())
     settings = load_settings(env={}, upstream_url=upstream.url + "/v1", data_dir=data_dir,
-                             port=free_port(), memory_enabled=True)
+                             port=free_port(), memory_enabled=True, stats_process=False)
     proxy = await serve(build_app(settings), port=settings.port)
     handed: list[tuple[Pending, Pending]] = []
     pending = ledger_wiring.pending
 
-    def keep(app: web.Application, sent: Sent, info: Access, status: int) -> Pending:
-        now = pending(app, sent, info, status)
+    def keep(app: web.Application, sent: Sent, info: Access, status: int, *,
+             bodies: bool = True) -> Pending:
+        now = pending(app, sent, info, status, bodies=bodies)
         forwarded = None if sent.forwarded is sent.raw else sent.forwarded
         handed.append((now, replace(now, raw=sent.raw, forwarded=forwarded, bodies=None)))
         return now
@@ -96,11 +97,11 @@ async def capture(scripts: int, turns: int, workdir: Path) -> list[tuple[Pending
 def paths() -> dict[str, Callable[[], Measure]]:
     """Each path, made fresh (empty caches), measuring one (now, before) pair."""
     def current() -> Measure:
-        measure = Recorder(None, PartCounter(tokens.count)).measure  # type: ignore[arg-type]
+        measure = Measurer(PartCounter(tokens.count)).measure
         return lambda pair: measure(pair[0])
 
     def from_bytes() -> Measure:
-        measure = Recorder(None, PartCounter(tokens.count)).measure  # type: ignore[arg-type]
+        measure = Measurer(PartCounter(tokens.count)).measure
         return lambda pair: measure(pair[1])
 
     def old() -> Measure:

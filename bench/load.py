@@ -392,15 +392,25 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def tree_cpu_s(pids: Sequence[int]) -> float:
-    """On-CPU seconds of every thread of ``pids``, from schedstat."""
-    total = 0
-    for pid in pids:
+def tree_cpu_s(root: int) -> dict[int, float]:
+    """On-CPU seconds of every thread of ``root`` and its descendants now (children that
+    start later, as the workers' ledger processes do, are found at each call), by process,
+    from schedstat."""
+    seconds: dict[int, float] = {}
+    for pid in tree(root):
         with contextlib.suppress(OSError):
+            total = 0
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/schedstat") as f:
                     total += int(f.read().split()[0])
-    return total / 1e9
+            seconds[pid] = total / 1e9
+    return seconds
+
+
+def cpu_since(root: int, before: dict[int, float]) -> float:
+    """On-CPU seconds of ``root``'s tree since ``before`` (``tree_cpu_s``): a process
+    started since counts from its start (one that ended meanwhile is missed)."""
+    return sum(s - before.get(pid, 0.0) for pid, s in tree_cpu_s(root).items())
 
 
 def vm_kib(pid: int, field_name: str) -> int:
@@ -491,13 +501,12 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         relay, relay_cpu = await bare_relay(args, upstream, workdir, scripts)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
                             settings)
-        pids = tree(proxy.popen.pid)
-        cpu_at: list[float] = []
+        cpu_at: list[dict[int, float]] = []
         log_at: list[int] = []
         metrics_at: list[dict[str, float]] = []
 
         def measuring() -> None:
-            cpu_at.append(tree_cpu_s(pids))
+            cpu_at.append(tree_cpu_s(proxy.popen.pid))
             log_at.append(proxy.log.stat().st_size if proxy is not None else 0)
             if proxy is not None:
                 metrics_at.append(scrape(proxy))
@@ -508,9 +517,10 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
                                     args.pace_ms, seed=3, jitter=args.jitter,
                                     warmup=args.warmup_seconds,
                                     measuring=measuring, answers=args.answers)
-        cpu = tree_cpu_s(pids) - cpu_at[0]
+        cpu = cpu_since(proxy.popen.pid, cpu_at[0])
         metrics = scrape(proxy)
         lag = _lag(metrics, metrics_at[0] if metrics_at else {})
+        pids = tree(proxy.popen.pid)
         peak = sum(vm_kib(pid, "VmHWM") for pid in pids)
         end = sum(vm_kib(pid, "VmRSS") for pid in pids)
     finally:
@@ -555,15 +565,14 @@ async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
                             "--upstream", upstream.url.rsplit("/", 1)[0]],
                   _server_env({}), port, workdir)
     try:
-        pids = tree(naive.popen.pid)
-        cpu_at: list[float] = []
+        cpu_at: list[dict[int, float]] = []
         print(f"bare relay: {args.sessions} sessions for {args.direct_seconds:.0f} s ...",
               flush=True)
         _, run = await drive(naive.url, args.sessions, args.direct_seconds, scripts,
                              args.pace_ms, seed=2, jitter=args.jitter, warmup=RELAY_WARMUP_S,
-                             measuring=lambda: cpu_at.append(tree_cpu_s(pids)),
+                             measuring=lambda: cpu_at.append(tree_cpu_s(naive.popen.pid)),
                              answers=args.answers)
-        return run, tree_cpu_s(pids) - cpu_at[0]
+        return run, cpu_since(naive.popen.pid, cpu_at[0])
     finally:
         stop(naive)
 

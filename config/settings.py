@@ -256,6 +256,12 @@ class Settings(BaseSettings):
         description="Keep a row of numbers per /v1/responses request (tokens, cuts, recalls, "
         "no prompt text) in the store, for `ctxproxy stats` and /ui.",
     )
+    stats_process: bool = Field(
+        True,
+        description="Count the rows' tokens in a child process of each worker, at a lower "
+        "priority (off: in a thread of the worker, whose event loop then waits for the GIL "
+        "while it counts).",
+    )
     stats_retention_days: float = Field(
         30.0, ge=0, description="Days the request rows are kept; 0: kept for ever."
     )

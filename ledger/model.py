@@ -13,7 +13,8 @@ GROUPS: tuple[Group, ...] = ("day", "hour", "session", "model", "all")
 
 
 class LedgerError(Exception):
-    """The ledger's store failed (a driver error, a file that cannot be opened)."""
+    """The ledger's store failed (a driver error, a file that cannot be opened), or the
+    counting of its rows did (the counting process died)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from aiohttp import web
 from injectors import tokens
 from ledger import Ledger, LedgerError, Prices, Record
 from ledger.counterfactual import PartCounter
-from ledger.recorder import Bodies, Pending, Recorder
+from ledger.measure import Bodies, Counting, InProcess, InThread, Measurer, Pending
+from ledger.recorder import Recorder
 from ledger.stores import make_ledger
 from proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
 
@@ -55,8 +56,10 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
         app[LEDGER] = LedgerSide(None, None, prices, str(exc))
         yield
         return
+    counting: Counting = (InProcess() if settings.stats_process
+                          else InThread(Measurer(PartCounter(tokens.count))))
     recorder = Recorder(
-        ledger, PartCounter(tokens.count), retention_days=settings.stats_retention_days,
+        ledger, counting, retention_days=settings.stats_retention_days,
         on_drop=lambda reason, n: metrics.ledger_dropped.labels(reason).inc(n),
         clock=app[CLOCK],
     )
@@ -74,7 +77,8 @@ def _finished(recorder: Recorder) -> FinishedHook:
     def finished(request: web.Request, info: Access, status: int) -> None:
         sent = request.get(SENT)
         if sent is not None:
-            recorder.put(pending(request.app, sent, info, status))
+            recorder.put(pending(request.app, sent, info, status,
+                                 bodies=recorder.counting.takes_bodies))
 
     return finished
 
@@ -86,8 +90,10 @@ def _text(value: str) -> str:
     return value[:TEXT_CHARS].encode("utf-8", "replace").decode()
 
 
-def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pending:
-    """The row so far (what the relay knows), for the recorder to count and price."""
+def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
+            bodies: bool = True) -> Pending:
+    """The row so far (what the relay knows), for the recorder to count and price: with the
+    bodies the proxy parsed if ``bodies`` and it has them, else with their bytes."""
     ex = sent.exchange
     settings = app[SETTINGS]
     notes = info.notes
@@ -120,9 +126,9 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pend
         degraded=tuple(degraded), ttfb_ms=info.ttfb_ms,
     )
     forwarded = None if sent.forwarded is sent.raw else sent.forwarded
-    bodies = _bodies(sent, forwarded)
-    if bodies is not None:  # counted from what the proxy parsed: no second parse
-        return Pending(record, b"", None, parsed=True, bodies=bodies)
+    parsed = _bodies(sent, forwarded) if bodies else None
+    if parsed is not None:  # counted from what the proxy parsed: no second parse
+        return Pending(record, b"", None, parsed=True, bodies=parsed)
     return Pending(record, sent.raw, forwarded, parsed=ex is not None)
 
 

@@ -16,8 +16,8 @@ import orjson
 from cachetools import LRUCache
 
 from ledger.counterfactual import Measure, cacheable
+from ledger.measure import Pending
 from ledger.model import Record
-from ledger.recorder import Pending
 
 TTL_S = 600.0
 SESSIONS = 10_000

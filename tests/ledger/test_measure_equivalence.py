@@ -20,8 +20,8 @@ from bench.load import Script, Thread
 from injectors import tokens
 from ledger import counterfactual
 from ledger.counterfactual import DirectCache, Measure, PartCounter
+from ledger.measure import Bodies, InThread, Measurer, Pending
 from ledger.model import Record
-from ledger.recorder import Bodies, Pending, Recorder
 from proxy import ledger_wiring
 from proxy.app import Access, Sent
 from proxy.ledger_wiring import LEDGER
@@ -39,8 +39,8 @@ def count(text: str) -> int:
     return 300 + len(text) // 3 + text.count('"') + text.count(" ")
 
 
-def recorder(direct: DirectCache | None = None) -> Recorder:
-    return Recorder(None, PartCounter(count), direct=direct)  # type: ignore[arg-type]
+def recorder(direct: DirectCache | None = None) -> Measurer:
+    return Measurer(PartCounter(count), direct)
 
 
 # --- generated bodies: the client's, and one forwarded from the same objects -----------------
@@ -194,10 +194,13 @@ class Spy:
         self.handed: list[Pending] = []
         self.as_bytes: list[Pending] = []
         self.rows: list[Record] = []
-        pending, measure_all = ledger_wiring.pending, recorder.measure_all
+        assert isinstance(recorder.counting, InThread)  # the proxy fixture's default
+        measurer = recorder.counting.measurer
+        pending, measure_all = ledger_wiring.pending, measurer.measure_all
 
-        def spy_pending(app: web.Application, sent: Sent, info: Access, status: int) -> Pending:
-            self.handed.append(pending(app, sent, info, status))
+        def spy_pending(app: web.Application, sent: Sent, info: Access, status: int, *,
+                        bodies: bool = True) -> Pending:
+            self.handed.append(pending(app, sent, info, status, bodies=bodies))
             forwarded = None if sent.forwarded is sent.raw else sent.forwarded
             self.as_bytes.append(replace(self.handed[-1], raw=sent.raw, forwarded=forwarded,
                                          bodies=None))
@@ -208,7 +211,7 @@ class Spy:
             return records
 
         monkeypatch.setattr(ledger_wiring, "pending", spy_pending)
-        recorder.measure_all = spy_measure_all  # type: ignore[method-assign]
+        measurer.measure_all = spy_measure_all  # type: ignore[method-assign]
 
     async def old_rows(self) -> list[Record]:
         await self.recorder.join()

@@ -12,8 +12,9 @@ import orjson
 from lxml import html
 
 from ledger.counterfactual import PartCounter
+from ledger.measure import InThread, Measurer, Pending
 from ledger.model import Ledger, Record
-from ledger.recorder import Pending, Recorder
+from ledger.recorder import Recorder
 from proxy.ledger_wiring import LEDGER
 from proxy.memory_wiring import MEMORY
 from tests.conftest import ProxyFactory
@@ -201,7 +202,7 @@ async def test_a_body_that_cannot_be_counted_leaves_only_its_own_row_without_tok
     bodies = {"deep": b'{"input": [{"type": "message", "content": ' + deep + b"}]}",
               "plain": orjson.dumps({"input": [{"type": "message", "role": "user",
                                                 "content": "hi"}]})}
-    recorder = Recorder(ledger, PartCounter(len))
+    recorder = Recorder(ledger, InThread(Measurer(PartCounter(len))))
     for session, raw in bodies.items():
         assert recorder.put(Pending(
             Record(at=time.time(), session_id=session, model="gpt-5", status=200,

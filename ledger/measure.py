@@ -1,0 +1,228 @@
+"""Counting and pricing the ledger's rows, and where that runs.
+
+Every request's bodies are measured part by part: each part serialised and digested, its
+tokens counted once (``ledger.counterfactual``). That is CPU in proportion to the bodies,
+most of it holding the GIL (orjson keeps it). In a thread of the worker it makes every system
+call of the worker's event loop wait for the GIL (bench/gil_convoy.py: pipe round trips drop
+from 300,000 a second to under 15,000 beside it), and the loop relays every stream. So the
+workers count in a child process of their own (``InProcess``): the same cores, not the same
+GIL. The child takes the bytes and parses them again, which costs more CPU than counting the
+bodies the worker already parsed (``InThread``, for the tests and for
+``CTXPROXY_STATS_PROCESS=false``); it runs at a lower priority, so a saturated machine serves
+the streams first and lets the rows wait (the recorder drops what does not fit, counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import orjson
+
+from injectors import tokens
+from ledger.counterfactual import DirectCache, PartCounter, cacheable
+from ledger.model import LedgerError, Record
+
+__all__ = ["Bodies", "Counting", "InProcess", "InThread", "Measurer", "Pending"]
+
+log = logging.getLogger("ctxproxy.ledger")
+
+NICE = 5  # the child's priority below the workers' (about a third of a worker's CPU share)
+PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Bodies:
+    """A request's bodies as the proxy already parsed them, counted without a second parse.
+    Read in the worker thread: nothing may change them once handed over."""
+
+    client: dict[str, Any]  # the client's body (its own keys: not what the steps put in)
+    forwarded: dict[str, Any] | None  # the body that was serialised upstream; None: the client's
+    size: int  # the bytes both were parsed from: what the queue's byte budget counts
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A request the relay is done with: its row so far, and the bodies to count."""
+
+    record: Record
+    raw: bytes  # the client's body (b"" when ``bodies`` holds it)
+    forwarded: bytes | None  # what went upstream; None: the client's bytes, as sent
+    parsed: bool  # the client's body is a Responses request (else: tokens unknown)
+    # The same, parsed: counted in place of the bytes, which the row then does not keep
+    # (parsed, a body takes about twice its bytes' memory: keeping both would double a row's).
+    # Never sent to a child process: there the bytes go, cheaper to send than the objects.
+    bodies: Bodies | None = None
+
+    @property
+    def size(self) -> int:
+        """The bytes the row's bodies came from: what the recorder's byte budget counts."""
+        if self.bodies is not None:
+            return self.bodies.size
+        return len(self.raw) + (len(self.forwarded) if self.forwarded is not None else 0)
+
+
+class Measurer:
+    """Counts a row's tokens and prices the direct counterfactual, remembering each part's
+    count and each session's chain (so rows must come in the order the requests ended)."""
+
+    def __init__(self, counter: PartCounter, direct: DirectCache | None = None) -> None:
+        self._counter = counter
+        self._direct = direct or DirectCache()
+
+    def measure_all(self, batch: list[Pending]) -> list[Record]:
+        """Count and price a batch, in arrival order (no event loop here). A body that
+        cannot be counted (an item nested deeper than the serialiser goes) leaves its row
+        without token counts, and the others are counted."""
+        records = []
+        for pending in batch:
+            try:
+                records.append(self.measure(pending))
+            except Exception as exc:
+                log.warning("ledger: a request's tokens could not be counted: %s",
+                            type(exc).__name__)
+                records.append(pending.record)
+        return records
+
+    def measure(self, pending: Pending) -> Record:
+        record = pending.record
+        if not pending.parsed:
+            return record
+        bodies = pending.bodies
+        if bodies is None:
+            bodies = Bodies(
+                orjson.loads(pending.raw),
+                None if pending.forwarded is None else orjson.loads(pending.forwarded),
+                pending.size,
+            )
+        client, forwarded_tokens = self._counter.measure_pair(bodies.client, bodies.forwarded)
+        shared = 0
+        if record.status < 400:
+            # A request the upstream refused would not have warmed its cache either.
+            shared = self._direct.read_and_store(record.session_id, client, record.at)
+        if record.input_tokens is None:
+            return replace(record, client_tokens=client.tokens,
+                           forwarded_tokens=forwarded_tokens)
+        scale = record.input_tokens / forwarded_tokens if forwarded_tokens else 1.0
+        return replace(
+            record, client_tokens=client.tokens, forwarded_tokens=forwarded_tokens,
+            direct_input=round(client.tokens * scale),
+            direct_cached=cacheable(round(shared * scale)) if scale != 1.0 else shared,
+        )
+
+
+class Counting(Protocol):
+    """Where the recorder's batches are measured."""
+
+    takes_bodies: bool  # whether rows may hand over parsed bodies (else only bytes)
+
+    def start(self) -> None: ...
+
+    def measure_all(self, batch: list[Pending]) -> Awaitable[list[Record]]: ...
+
+    async def close(self) -> None: ...
+
+
+class InThread:
+    """In a thread of this process, from the bodies the proxy parsed."""
+
+    takes_bodies = True
+
+    def __init__(self, measurer: Measurer,
+                 offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> None:
+        self.measurer = measurer
+        self._offload = offload
+
+    def start(self) -> None:
+        pass
+
+    async def measure_all(self, batch: list[Pending]) -> list[Record]:
+        records: list[Record] = await self._offload(self.measurer.measure_all, batch)
+        return records
+
+    async def close(self) -> None:
+        pass
+
+
+class InProcess:
+    """In one child process, started with the recorder (spawned: a fork of a process with
+    threads and a loop is not safe) and again on the next batch after it died. A batch the
+    child died with is lost (the recorder counts it failed)."""
+
+    takes_bodies = False
+
+    def __init__(self, nice: int = NICE) -> None:
+        self._nice = nice
+        self._executor: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        """The child now, its tokenizer loading, rather than on the first row."""
+        self._child().submit(_warm_child)
+
+    def _child(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_child, initargs=(self._nice, os.getpid()),
+            )
+        return self._executor
+
+    async def measure_all(self, batch: list[Pending]) -> list[Record]:
+        executor = self._child()
+        try:
+            records: list[Record] = await asyncio.get_running_loop().run_in_executor(
+                executor, _measure_in_child, batch)
+        except BrokenProcessPool as exc:
+            if self._executor is executor:
+                self._executor = None  # the next batch starts another
+            raise LedgerError("the counting process died with the batch") from exc
+        return records
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+
+# --- in the child ------------------------------------------------------------------------
+
+_measurer: Measurer | None = None
+
+
+def _start_child(nice: int, parent: int) -> None:
+    global _measurer
+    # The worker's stop (SIGTERM, Ctrl-C to the group) ends the child through its parent's
+    # shutdown, not by a KeyboardInterrupt in the middle of a batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(nice)
+    threading.Thread(target=_end_with, args=(parent,), name="ctxproxy-ledger-parent",
+                     daemon=True).start()
+    _measurer = Measurer(PartCounter(tokens.count))
+
+
+def _end_with(parent: int) -> None:
+    """A parent killed outright (SIGKILL, the OOM killer) shuts nothing down, and the child
+    holds its own queue's both ends, so it would never read an end of file: it looks."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
+
+
+def _warm_child() -> None:
+    tokens.encoding_name()
+
+
+def _measure_in_child(batch: list[Pending]) -> list[Record]:
+    assert _measurer is not None, "the child's initializer did not run"
+    return _measurer.measure_all(batch)
