@@ -696,6 +696,9 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         + "; memory writes refused or failed: " + ", ".join(
             f"{m.get(f'ctxproxy_ingest_queue_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("jobs", "bytes", "failed"))
+        + "; ledger rows dropped: " + ", ".join(
+            f"{m.get(f'ctxproxy_ledger_dropped_total[{r}]', 0):,.0f} {r}"
+            for r in ("full", "failed"))
         + f". Episodes stored after shutdown: {o.episodes:,}.",
         *([f"- The event loop's lag (/metrics, measured run, every worker's samples): "
            f"p50 under {lag[0]}, p99 under {lag[1]}."] if (lag := o.loop_lag) else []),

@@ -258,7 +258,7 @@ class Settings(BaseSettings):
     )
     stats_process: bool = Field(
         True,
-        description="Count the rows' tokens in a child process of each worker, at a lower "
+        description="Count the rows' tokens in a child process of each worker, at the lowest "
         "priority (off: in a thread of the worker, whose event loop then waits for the GIL "
         "while it counts).",
     )
