@@ -129,8 +129,6 @@ class Counting(Protocol):
 
     takes_bodies: bool  # whether rows may hand over parsed bodies (else only bytes)
 
-    def start(self) -> None: ...
-
     def measure_all(self, batch: list[Pending]) -> Awaitable[list[Record]]: ...
 
     async def close(self) -> None: ...
@@ -146,9 +144,6 @@ class InThread:
         self.measurer = measurer
         self._offload = offload
 
-    def start(self) -> None:
-        pass
-
     async def measure_all(self, batch: list[Pending]) -> list[Record]:
         records: list[Record] = await self._offload(self.measurer.measure_all, batch)
         return records
@@ -158,8 +153,8 @@ class InThread:
 
 
 class InProcess:
-    """In one child process, started with the recorder (spawned: a fork of a process with
-    threads and a loop is not safe) and again on the next batch after it died. A batch the
+    """In one child process, started by ``start`` (spawned: a fork of a process with threads
+    and a loop is not safe) and again on the next batch after it died. A batch the
     child died with is lost (the recorder counts it failed)."""
 
     takes_bodies = False
@@ -169,15 +164,24 @@ class InProcess:
         self._executor: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
-        """The child now, its tokenizer loading, rather than on the first row."""
-        self._child().submit(_warm_child)
+        """The child now, its tokenizer loading, rather than on the first row. LedgerError:
+        this machine cannot start one (no ``/dev/shm`` for its queue's lock, say)."""
+        executor = self._child()
+        try:
+            executor.submit(_warm_child)  # the child starts here
+        except OSError as exc:
+            self._executor = None
+            raise LedgerError(f"no process for the counting: {exc}") from exc
 
     def _child(self) -> ProcessPoolExecutor:
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start_child, initargs=(self._nice, os.getpid()),
-            )
+            try:
+                self._executor = ProcessPoolExecutor(
+                    1, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_child, initargs=(self._nice, os.getpid()),
+                )
+            except (OSError, ImportError, NotImplementedError) as exc:
+                raise LedgerError(f"no process for the counting: {exc}") from exc
         return self._executor
 
     async def measure_all(self, batch: list[Pending]) -> list[Record]:

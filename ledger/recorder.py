@@ -56,7 +56,6 @@ class Recorder:
 
     def start(self) -> None:
         if self._worker is None:
-            self.counting.start()
             self._worker = asyncio.create_task(self._work(), name="ctxproxy-ledger")
 
     def put(self, pending: Pending) -> bool:

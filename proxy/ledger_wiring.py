@@ -56,10 +56,8 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
         app[LEDGER] = LedgerSide(None, None, prices, str(exc))
         yield
         return
-    counting: Counting = (InProcess() if settings.stats_process
-                          else InThread(Measurer(PartCounter(tokens.count))))
     recorder = Recorder(
-        ledger, counting, retention_days=settings.stats_retention_days,
+        ledger, _counting(settings.stats_process), retention_days=settings.stats_retention_days,
         on_drop=lambda reason, n: metrics.ledger_dropped.labels(reason).inc(n),
         clock=app[CLOCK],
     )
@@ -71,6 +69,19 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         await recorder.close()
         await ledger.close()
+
+
+def _counting(in_process: bool) -> Counting:
+    """Where the rows are counted, started: a child process, else (or if it cannot start) a
+    thread of this one."""
+    if in_process:
+        counting = InProcess()
+        try:
+            counting.start()
+            return counting
+        except LedgerError as exc:
+            log.warning("request stats are counted in a thread of the worker: %s", exc)
+    return InThread(Measurer(PartCounter(tokens.count)))
 
 
 def _finished(recorder: Recorder) -> FinishedHook:

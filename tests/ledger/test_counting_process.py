@@ -12,8 +12,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
-from ledger.measure import InProcess
+from ledger import measure
+from ledger.measure import InProcess, InThread
 from ledger.model import Record
 from proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
@@ -114,3 +116,21 @@ async def test_the_child_ends_with_the_proxy(start_proxy: ProxyFactory) -> None:
             break
         await asyncio.sleep(0.05)
     assert not alive(pid)
+
+
+async def test_where_no_child_can_start_the_rows_are_counted_in_a_thread(
+    start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # As in a container with no /dev/shm: the counting process's queue has no lock.
+    def no_semaphores(*args: object, **kwargs: object) -> None:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(measure, "ProcessPoolExecutor", no_semaphores)
+    proxy = await start_proxy(stats_process=True)
+    recorder = proxy.app[LEDGER].recorder
+    assert recorder is not None and isinstance(recorder.counting, InThread)
+    assert "counted in a thread of the worker" in caplog.text
+    await post(proxy, codex.session(2), "sess-1")
+    [row] = await rows(proxy, "sess-1")
+    assert row.client_tokens and row.forwarded_tokens
