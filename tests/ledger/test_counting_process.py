@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,12 @@ def child_pid(proxy: Running) -> int:
 
 
 def alive(pid: int) -> bool:
+    """Running (an orphan that exited may wait as a zombie for whoever reaps orphans here)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return True
 
 
 async def test_a_child_process_counts_the_rows_as_a_thread_does(
@@ -134,3 +136,41 @@ async def test_where_no_child_can_start_the_rows_are_counted_in_a_thread(
     await post(proxy, codex.session(2), "sess-1")
     [row] = await rows(proxy, "sess-1")
     assert row.client_tokens and row.forwarded_tokens
+
+
+PARENT = """
+import asyncio, sys
+from ledger.measure import InProcess
+
+async def main():
+    counting = InProcess()
+    counting.start()
+    [pid] = counting._executor._processes
+    with open(sys.argv[1], "w") as f:
+        f.write(str(pid))
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_the_child_ends_when_its_parent_is_killed_outright(tmp_path: Path) -> None:
+    # SIGKILL (the OOM killer, a supervisor's last resort) shuts nothing down, and the child
+    # holds both ends of its queue: it must notice on its own.
+    said = tmp_path / "child"
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PARENT, str(said), stdout=asyncio.subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2])
+    for _ in range(600):
+        if said.exists() and said.read_text():
+            break
+        await asyncio.sleep(0.05)
+    child = int(said.read_text())
+    assert alive(child)
+    parent.kill()
+    await parent.wait()
+    for _ in range(100):  # it looks once a second
+        if not alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert not alive(child)
