@@ -154,8 +154,8 @@ class InThread:
 
 class InProcess:
     """In one child process, started by ``start`` (spawned: a fork of a process with threads
-    and a loop is not safe) and again on the next batch after it died. A batch the
-    child died with is lost (the recorder counts it failed)."""
+    and a loop is not safe) and again on the next batch after it died. A batch the child
+    died with is lost (the recorder counts it failed)."""
 
     takes_bodies = False
 
@@ -171,6 +171,7 @@ class InProcess:
             executor.submit(_warm_child)  # the child starts here
         except OSError as exc:
             self._executor = None
+            executor.shutdown(wait=False)
             raise LedgerError(f"no process for the counting: {exc}") from exc
 
     def _child(self) -> ProcessPoolExecutor:

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -120,15 +121,24 @@ async def test_the_child_ends_with_the_proxy(start_proxy: ProxyFactory) -> None:
     assert not alive(pid)
 
 
+def no_semaphores(*args: object, **kwargs: object) -> None:
+    """As in a container with no /dev/shm: the counting process's queue has no lock."""
+    raise OSError(38, "Function not implemented")
+
+
+class NoFork(ProcessPoolExecutor):
+    """As at a process limit: the child cannot be spawned."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(11, "Resource temporarily unavailable")
+
+
+@pytest.mark.parametrize("executor", [no_semaphores, NoFork], ids=["no-shm", "no-fork"])
 async def test_where_no_child_can_start_the_rows_are_counted_in_a_thread(
     start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, executor: object,
 ) -> None:
-    # As in a container with no /dev/shm: the counting process's queue has no lock.
-    def no_semaphores(*args: object, **kwargs: object) -> None:
-        raise OSError(38, "Function not implemented")
-
-    monkeypatch.setattr(measure, "ProcessPoolExecutor", no_semaphores)
+    monkeypatch.setattr(measure, "ProcessPoolExecutor", executor)
     proxy = await start_proxy(stats_process=True)
     recorder = proxy.app[LEDGER].recorder
     assert recorder is not None and isinstance(recorder.counting, InThread)
