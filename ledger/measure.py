@@ -11,8 +11,8 @@ bodies the worker already parsed (``InThread``, for the tests and for
 ``CTXPROXY_STATS_PROCESS=false``); it runs at the lowest priority, so a saturated machine
 serves the streams first and lets the rows wait (the recorder drops what does not fit,
 counted). Measured (bench/load.py, agent shape, 200 sessions, 2 workers): added TTFB p99
-167-185 ms, against 201-555 ms counting in a thread and 111 ms with no rows at all; at nice 5
-the child took enough of the cores to leave 229 ms.
+167-252 ms over four runs, against 201-555 ms over eight counting in a thread, and 111 ms
+with no rows at all; at nice 5 the child took enough of the cores to leave 229 ms.
 """
 
 from __future__ import annotations
