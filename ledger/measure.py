@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -166,33 +166,31 @@ class InProcess:
     def start(self) -> None:
         """The child now, its tokenizer loading, rather than on the first row. LedgerError:
         this machine cannot start one (no ``/dev/shm`` for its queue's lock, say)."""
-        executor = self._child()
-        try:
-            executor.submit(_warm_child)  # the child starts here
-        except OSError as exc:
-            self._executor = None
-            executor.shutdown(wait=False)
-            raise LedgerError(f"no process for the counting: {exc}") from exc
+        self._submit(_warm_child)
 
-    def _child(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            try:
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """``fn(*args)`` in the child, started now if there is none (LedgerError: it cannot
+        be; the next call tries again)."""
+        try:
+            if self._executor is None:
                 self._executor = ProcessPoolExecutor(
                     1, mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start_child, initargs=(self._nice, os.getpid()),
                 )
-            except (OSError, ImportError, NotImplementedError) as exc:
-                raise LedgerError(f"no process for the counting: {exc}") from exc
-        return self._executor
+            return self._executor.submit(fn, *args)  # the child is spawned here
+        except (OSError, ImportError, NotImplementedError) as exc:
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=False)
+            raise LedgerError(f"no process for the counting: {exc}") from exc
 
     async def measure_all(self, batch: list[Pending]) -> list[Record]:
-        executor = self._child()
+        # One batch at a time (the recorder has one worker): the pool that broke is this one.
         try:
-            records: list[Record] = await asyncio.get_running_loop().run_in_executor(
-                executor, _measure_in_child, batch)
-        except BrokenProcessPool as exc:
-            if self._executor is executor:
-                self._executor = None  # the next batch starts another
+            records: list[Record] = await asyncio.wrap_future(
+                self._submit(_measure_in_child, batch))
+        except BrokenProcessPool as exc:  # it died with the batch, or before it
+            self._executor = None  # the next batch starts another
             raise LedgerError("the counting process died with the batch") from exc
         return records
 

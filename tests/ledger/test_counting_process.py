@@ -23,6 +23,7 @@ from proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running
+from tests.ledger.test_recording import rows
 
 # Long enough for a shared prefix to pass the provider's 1,024-token minimum of a cached one.
 INSTRUCTIONS = "You are a careful coding agent working in a checkout. " * 200
@@ -37,13 +38,6 @@ async def post(proxy: Running, items: list[dict[str, Any]], session: str) -> Non
     ) as resp:
         assert resp.status == 200, await resp.text()
         await resp.read()
-
-
-async def rows(proxy: Running, session: str) -> list[Record]:
-    side = proxy.app[LEDGER]
-    assert side.recorder is not None and side.ledger is not None
-    await side.recorder.join()
-    return await side.ledger.timeline(session)
 
 
 def numbers(row: Record) -> tuple[object, ...]:
