@@ -8,8 +8,8 @@ first request writes its working memory before it is forwarded, while the write 
 the sessions' earlier turns (``--sessions`` jobs of ``--turns`` episodes each, up to four at
 once, as memory.queue runs them). Timed: how long each turn's write took, handed in while the
 backlog was there, with the lanes as they are (memory.lanes: a turn's work first, background
-work as if handed in 0.5 s later) and first come, first served (what a ThreadPoolExecutor did
-before). The store, the writes and the backlog are the same both ways.
+work as if handed in ``BACKGROUND_DELAY_S`` later) and first come, first served (what a
+ThreadPoolExecutor did before). The store, the writes and the backlog are the same both ways.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import math
 import random
 import statistics
 import sys
@@ -42,7 +43,7 @@ SCOPE = Scope("default", "team", "agent", "user")
 def first_come_first_served() -> Iterator[None]:
     """Every lane in the order work was handed in, whatever it is for."""
     kept = lanes.due
-    lanes.due = time.monotonic
+    lanes.due = lambda: (time.monotonic(), math.inf)
     try:
         yield
     finally:

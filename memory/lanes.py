@@ -10,11 +10,23 @@ under way goes before one that just arrived, at every hop. Measured: a turn's wr
 restart's backlog of episode writes, p90 50 -> 15 ms (bench/lanes.py); bench/load.py did not
 tell the two orders apart, its lanes seldom hold a queue (bench/RESULTS.md, Load).
 
+A turn's work is due when the turn began only while its request can still use it: once the
+turn's budget has passed (``turn``'s ``budget_s``), its request has gone without this turn's
+memory, and what is left is for the turn's next request. Oldest first would then keep every
+later turn waiting for work no request is waiting for, and under a burst more than the cores can
+do in a budget (a restart: every session new to the process at once) every turn would be late
+(the lanes' domino). So a lane taking a late turn's work puts it back, due when it found it
+late: behind the turns that can still be in time, before the turns and the background work
+that come after it.
+
 Work that no request waits for (storing episodes, distillation, refreshing TTLs: ``background``)
 is due ``BACKGROUND_DELAY_S`` after it was handed in: a turn's writes go before the episode
 writes handed in less than that before them, and the backlog still moves, waiting at most that
 much longer than request work handed in at the same time. Work of neither kind is due when it
-is handed in.
+is handed in. Measured on a restart (bench/load.py's warm-up, agent shape, 200 sessions, 2
+workers; bench/RESULTS.md, Load): turns without memory in time 158 on average over six runs
+with both, against 181 over seven before (a delay of 0.5 s, no late turns put back), 189 over
+three with the 5 s delay alone and 195 over three with the late turns alone.
 """
 
 from __future__ import annotations
@@ -34,19 +46,20 @@ __all__ = ["BACKGROUND_DELAY_S", "Lane", "background", "due", "turn"]
 P = ParamSpec("P")
 T = TypeVar("T")
 
-BACKGROUND_DELAY_S = 0.5
-_BACKGROUND = -1.0  # the mark of background work (monotonic times are never negative)
+BACKGROUND_DELAY_S = 5.0
+_BACKGROUND = (-1.0, math.inf)  # the mark of background work (monotonic times are never negative)
 
-# When the user turn the current task works for began (time.monotonic()), or _BACKGROUND.
-_turn_began: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+# When the user turn the current task works for began (time.monotonic()) and when its budget
+# runs out, or _BACKGROUND.
+_turn_began: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
     "ctxproxy_turn_began", default=None
 )
 
 
-def turn(began: float) -> None:
+def turn(began: float, budget_s: float = math.inf) -> None:
     """Mark the current task (and the tasks it starts from now on) as preparing a user turn
-    that began at ``began`` (``time.monotonic()``)."""
-    _turn_began.set(began)
+    that began at ``began`` (``time.monotonic()``), whose request waits ``budget_s`` at most."""
+    _turn_began.set((began, began + budget_s))
 
 
 def background() -> None:
@@ -55,15 +68,16 @@ def background() -> None:
     _turn_began.set(_BACKGROUND)
 
 
-def due() -> float:
-    """When work handed in now by the current task is due (the lanes' order)."""
-    began = _turn_began.get()
+def due() -> tuple[float, float]:
+    """When work handed in now by the current task is due (the lanes' order), and when it
+    is late (its turn's budget has run out)."""
+    mark = _turn_began.get()
     now = time.monotonic()
-    if began is None:
-        return now
-    if began == _BACKGROUND:
-        return now + BACKGROUND_DELAY_S
-    return began
+    if mark is None:
+        return now, math.inf
+    if mark == _BACKGROUND:
+        return now + BACKGROUND_DELAY_S, math.inf
+    return mark
 
 
 class Lane(Executor):
@@ -72,7 +86,8 @@ class Lane(Executor):
     where the task's marks are."""
 
     def __init__(self, threads: int, name: str) -> None:
-        self._ready: list[tuple[float, int, Future[Any], Callable[[], Any]]] = []
+        # (due, order handed in, late, the future, the call)
+        self._ready: list[tuple[float, int, float, Future[Any], Callable[[], Any]]] = []
         self._order = itertools.count()
         self._changed = threading.Condition()
         self._closed = False
@@ -91,15 +106,16 @@ class Lane(Executor):
     def submit_last(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """``submit``, due after all work handed in before it (closing a connection the
         queued work still needs)."""
-        return self._put(math.inf, fn, *args, **kwargs)
+        return self._put((math.inf, math.inf), fn, *args, **kwargs)
 
-    def _put(self, when: float, fn: Callable[P, T], /, *args: P.args,
+    def _put(self, when: tuple[float, float], fn: Callable[P, T], /, *args: P.args,
              **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
+        at, late = when
         with self._changed:
             if self._closed:
                 raise RuntimeError("cannot schedule new work after shutdown")
-            heapq.heappush(self._ready, (when, next(self._order), future,
+            heapq.heappush(self._ready, (at, next(self._order), late, future,
                                          lambda: fn(*args, **kwargs)))
             self._changed.notify()
         return future
@@ -110,7 +126,7 @@ class Lane(Executor):
         with self._changed:
             self._closed = True
             if cancel_futures:
-                for _, _, future, _ in self._ready:
+                for *_, future, _ in self._ready:
                     future.cancel()
                 self._ready.clear()
             self._changed.notify_all()
@@ -126,7 +142,13 @@ class Lane(Executor):
                     self._changed.wait()
                 if not self._ready:
                     return  # closed and empty
-                _, _, future, call = heapq.heappop(self._ready)
+                _, order, late, future, call = heapq.heappop(self._ready)
+                now = time.monotonic()
+                if late <= now and self._ready:
+                    # Its request went without it: due now, as if handed in now (once:
+                    # from now on it is late for no one).
+                    heapq.heappush(self._ready, (now, order, math.inf, future, call))
+                    continue
             if not future.set_running_or_notify_cancel():
                 continue
             try:

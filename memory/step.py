@@ -290,8 +290,9 @@ class MemoryStep:
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange) -> Prepared:
         start = time.perf_counter()
-        # Every hop of this turn (and of the reads it starts) goes before later turns'.
-        lanes.turn(time.monotonic())
+        # Every hop of this turn (and of the reads it starts) goes before later turns', while
+        # its request can still use it.
+        lanes.turn(time.monotonic(), self._budget_s)
         now = time.time()
         # Working memory is a session's own: a client that names no session (no session id,
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is

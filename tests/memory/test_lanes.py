@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ async def _in_task(mark: object, lane: Lane, fn: object) -> asyncio.Future[objec
             lanes.background()
         elif isinstance(mark, float):
             lanes.turn(mark)
+        elif isinstance(mark, tuple):
+            lanes.turn(*mark)
         return await asyncio.get_running_loop().run_in_executor(lane, fn)
 
     task = asyncio.ensure_future(hand_in())
@@ -56,6 +59,37 @@ async def test_the_oldest_turns_work_goes_first_whatever_order_it_came_in() -> N
     release.set()
     await asyncio.gather(*tasks)
     assert done == ["oldest", "middle", "newest"]
+    lane.shutdown()
+
+
+async def test_a_turn_past_its_budget_goes_behind_the_turns_still_in_time() -> None:
+    """Its request went without it: oldest first would make the younger turns late too."""
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    done: list[str] = []
+    now = time.monotonic()
+    tasks = [
+        # Began 3 s ago with a budget of 1 s: late since 2 s ago.
+        await _in_task((now - 3.0, 1.0), lane, lambda: done.append("late")),
+        await _in_task((now - 0.2, 1.0), lane, lambda: done.append("in time")),
+        await _in_task((now - 1.5, math.inf), lane, lambda: done.append("no budget")),
+        await _in_task("background", lane, lambda: done.append("episode")),
+    ]
+    release.set()
+    await asyncio.gather(*tasks)
+    # Due when the lane found it late: after every turn that began before that, and still
+    # before the background work handed in with it.
+    assert done == ["no budget", "in time", "late", "episode"]
+    lane.shutdown()
+
+
+async def test_a_late_turns_work_runs_at_once_when_nothing_else_waits() -> None:
+    lane = Lane(1, "test-lane")
+    release = _blocked(lane)
+    now = time.monotonic()
+    task = await _in_task((now - 10.0, 1.0), lane, lambda: "ran")
+    release.set()
+    assert await asyncio.wait_for(task, 5) == "ran"
     lane.shutdown()
 
 
