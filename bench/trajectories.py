@@ -649,9 +649,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
     parser.add_argument("--limit", type=int, default=220_000,
                         help="the client's auto-compaction limit, reported input tokens")
-    parser.add_argument("--plot", type=Path, default=PNG, help="PNG of the results")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help=f"PNG of the results (default {PNG.name} beside this file, "
+                             "unless --no-write)")
     parser.add_argument("--no-write", action="store_true", help="don't touch bench/RESULTS.md")
     args = parser.parse_args(argv)
+    if args.plot is None and not args.no_write:
+        args.plot = PNG  # the figure RESULTS.md shows goes with its table
     if not args.runs.is_dir():
         sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
     logging.basicConfig(level=logging.WARNING)
@@ -665,10 +669,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv))
     text = report(runs, tasks, args, seconds, command)
     print(text)
-    plot(runs, args.plot)
+    if args.plot is not None:
+        plot(runs, args.plot)
     if not args.no_write:
         write_block(SECTION, BEGIN, END, text)
-    print(f"\nplot: {args.plot}  {seconds:.0f} s", file=sys.stderr)
+    print(f"\nplot: {args.plot or 'none'}  {seconds:.0f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -144,3 +145,16 @@ def test_every_run_of_tasks_gets_a_session_id_of_its_own() -> None:
     assert bench.stable_thread(["django__django-11149"]) != bench.stable_thread(
         ["django__django-15380"])
     assert bench.stable_thread(["a", "b"]) == bench.stable_thread(["a", "b"])
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_no_write_leaves_the_results_and_the_figure_alone(
+    write: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    touched: list[str] = []
+    monkeypatch.setattr(bench, "main_async", lambda args, tasks: asyncio.sleep(0, []))
+    monkeypatch.setattr(bench, "report", lambda *a: "the table")
+    monkeypatch.setattr(bench, "plot", lambda runs, path: touched.append(f"plot {path.name}"))
+    monkeypatch.setattr(bench, "write_block", lambda *a: touched.append("results"))
+    bench.main(["--runs", str(tmp_path), *([] if write else ["--no-write"])])
+    assert touched == ([f"plot {bench.PNG.name}", "results"] if write else [])
