@@ -214,9 +214,15 @@ class MemoryStep:
             task = asyncio.create_task(self._prepare(scope, session, ex))
             self._turns[key] = task
         try:
-            # A slow store (a database going down, a lock held) costs this request at most the
-            # budget; the turn's work goes on and later requests of the turn get its result.
-            prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
+            if task.done():
+                # The turn's later requests: its result now, with no trip through the loop (on
+                # a busy loop, each costs every other ready callback's time).
+                prepared = task.result()
+            else:
+                # A slow store (a database going down, a lock held) costs this request at most
+                # the budget; the turn's work goes on and later requests of the turn get its
+                # result.
+                prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
         except TimeoutError:
             self._health.failed("memory in time", TimeoutError("store too slow"))
             self._without_memory(ex, scope, session)
