@@ -51,27 +51,27 @@ _BACKGROUND = (-1.0, math.inf)  # the mark of background work (monotonic times a
 
 # When the user turn the current task works for began (time.monotonic()) and when its budget
 # runs out, or _BACKGROUND.
-_turn_began: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
-    "ctxproxy_turn_began", default=None
+_turn_mark: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "ctxproxy_turn_mark", default=None
 )
 
 
 def turn(began: float, budget_s: float = math.inf) -> None:
     """Mark the current task (and the tasks it starts from now on) as preparing a user turn
     that began at ``began`` (``time.monotonic()``), whose request waits ``budget_s`` at most."""
-    _turn_began.set((began, began + budget_s))
+    _turn_mark.set((began, began + budget_s))
 
 
 def background() -> None:
     """Mark the current task (and the tasks it starts from now on) as work no request waits
     for."""
-    _turn_began.set(_BACKGROUND)
+    _turn_mark.set(_BACKGROUND)
 
 
 def due() -> tuple[float, float]:
     """When work handed in now by the current task is due (the lanes' order), and when it
     is late (its turn's budget has run out)."""
-    mark = _turn_began.get()
+    mark = _turn_mark.get()
     now = time.monotonic()
     if mark is None:
         return now, math.inf
