@@ -488,8 +488,12 @@ class Strategy:
 
 # Distillation runs every 5 s of real time; a replayed session lasts a few seconds of real time
 # for hours of simulated time, so every run with memory runs it as often as a real session
-# would see it run. It is the one setting the bench changes for the "defaults" row.
-SIMULATED_TIME = {"distill_interval_s": 0.05}
+# would see it run. For the same reason the background work (storing episodes, distilling)
+# runs in a thread of the proxy, not its child process: a user's next turn comes minutes after
+# an answer, the replay's at once, and the child's hand-offs would race it (a fact of the
+# ten-turn session went unrecalled). Neither changes what is forwarded; they are the two
+# settings the bench changes for the "defaults" row.
+SIMULATED_TIME = {"distill_interval_s": 0.05, "memory_process": False}
 NO_MEMORY = {"memory_enabled": False}
 FIXED_NO_MEMORY = {**NO_MEMORY, "window_policy": "fixed"}
 STRATEGIES = {s.name: s for s in (

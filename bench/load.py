@@ -74,6 +74,7 @@ SCRIPTS = 16  # distinct thread scripts; every thread gets its own session id
 REQUEST_TIMEOUT_S = 60.0
 RELAY_WARMUP_S = 2.0  # the bare relay's own warm-up (its connections), not counted
 ANSWER_EVENTS = 70  # the fake upstream's events per answer (bench/_upstream.py)
+WINDOW_S = 10.0  # the measured run's p99 reported by parts this long (the restart's after-effect)
 # chat: the bench's own turns (a few tool rounds at most, every other request a new turn);
 # agent: the real agent runs of ../shared/trajectories, a task a turn and a request per
 # command (median 35 a task): where a coding agent spends its requests.
@@ -233,6 +234,8 @@ class Run:
 
     seconds: float = 0.0
     ttfb: list[float] = field(default_factory=list)  # seconds, per successful request
+    started: list[float] = field(default_factory=list)  # when each of them began (perf_counter)
+    began: float = 0.0  # when the phase began (perf_counter)
     total: list[float] = field(default_factory=list)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     first_errors: list[str] = field(default_factory=list)
@@ -270,6 +273,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
     else:
         run.ttfb.append(first - began)
         run.total.append(end - began)
+        run.started.append(began)
 
 
 async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
@@ -290,6 +294,7 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
     began = time.perf_counter()
     measure_at = began + warmup
     stop_at = measure_at + seconds
+    warm.began, run.began = began, measure_at
 
     async def user(n: int) -> None:
         # Spread the users' first requests over one answer's time, and start each in the
@@ -602,6 +607,15 @@ def _q(values: Sequence[float], q: float) -> float:
     return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def by_window(run: Run, seconds: float) -> list[list[float]]:
+    """The run's times to first byte by when their requests began: ``seconds`` each."""
+    last = max(run.started, default=run.began)  # none begins after the run's end
+    windows: list[list[float]] = [[] for _ in range(int((last - run.began) // seconds) + 1)]
+    for at, ttfb in zip(run.started, run.ttfb, strict=True):
+        windows[min(int((at - run.began) // seconds), len(windows) - 1)].append(ttfb)
+    return windows
+
+
 def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
     d, p, m, r0 = o.direct, o.proxied, o.metrics, o.relay
     errors = sum(p.errors.values())
@@ -655,6 +669,7 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"| **{_q(p.ttfb, .99) - _q(d.ttfb, .99):.1f}** "
         f"| {_q(p.total, .5) - _q(d.total, .5):.0f} | {_q(p.total, .99) - _q(d.total, .99):.0f} |",
     ]
+    windows = by_window(p, WINDOW_S)
     recalls = m.get("ctxproxy_memory_recall_seconds_count", 0.0)
     recall_ms = 1000 * m.get("ctxproxy_memory_recall_seconds_sum", 0.0) / max(recalls, 1.0)
     lines += [
@@ -668,6 +683,11 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of one core, "
         f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request); the bare relay's "
         f"{1000 * o.relay_cpu_s / max(r0.ok, 1):.1f} ms per request.",
+        f"- The measured run by when its requests began, {WINDOW_S:g} s at a time (the first "
+        "right after the warm-up): added TTFB p99 " + ", ".join(
+            f"{_q(w, .99) - _q(d.ttfb, .99):.0f}" for w in windows) + " ms (the direct run's "
+        "p99 the baseline of each; requests " + ", ".join(f"{len(w):,}" for w in windows)
+        + ").",
         "- How long the proxy held a request before forwarding it (the access log's "
         "prepare_ms, measured run): " + "; ".join(
             f"{name} {len(v):,}, p50 {_q(v, .5) / 1000:.1f} ms, p99 {_q(v, .99) / 1000:.1f} ms"

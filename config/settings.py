@@ -210,6 +210,12 @@ class Settings(BaseSettings):
         1000, gt=0,
         description="The most a request waits for memory before going without it (and uncut).",
     )
+    memory_process: bool = Field(
+        True,
+        description="Store episodes and parse claims in a child process of each worker, at the "
+        "lowest priority (off: in a thread of the worker, whose event loop then waits for the "
+        "GIL while it works).",
+    )
     ingest_queue_size: int = Field(1000, gt=0, description="Pending memory writes at most.")
     ingest_queue_mb: float = Field(
         256.0, gt=0,

@@ -7,19 +7,34 @@ history would hold up every other session's requests; in a worker the loop keeps
 The functions run are the same pure functions, so the results are the same bytes.
 
 The memory runtime owns one small thread pool and shuts it down with the side; the classes
-take an ``Offload`` through their constructors and default to ``asyncio.to_thread``.
+take an ``Offload`` through their constructors and default to ``asyncio.to_thread``. The
+background work (storing episodes, distillation's parsing) no request waits for runs in a
+child process of the worker when ``CTXPROXY_MEMORY_PROCESS`` is on (``Child``): there it
+does not hold the worker's GIL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import importlib
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, Protocol, TypeVar
 
 from memory.lanes import Lane
 
-__all__ = ["THREADS", "Offload", "Pool"]
+__all__ = ["THREADS", "Child", "Offload", "Pool"]
+
+log = logging.getLogger("ctxproxy.memory")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -43,21 +58,113 @@ class Pool:
     thread of its own so that under load a turn's recall never queues behind a backlog of
     writes."""
 
-    def __init__(self, threads: int = THREADS, background_threads: int = 1) -> None:
+    def __init__(
+        self, threads: int = THREADS, background_threads: int = 1, *, process: bool = False
+    ) -> None:
         # Lanes: the oldest user turn's work first (memory.lanes).
         self._executor = Lane(threads, "ctxproxy-memory-cpu")
         self._background = Lane(background_threads, "ctxproxy-memory-bg")
+        self._child = Child() if process else None
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     async def background(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._background,
-                                          functools.partial(fn, *args, **kwargs))
+        """``fn`` (a module's function, its arguments picklable) in the child process when
+        there is one; on the background thread when there is none, or it died."""
+        call = functools.partial(fn, *args, **kwargs)
+        if self._child is not None:
+            try:
+                return await self._child.run(call)
+            except ChildUnavailable as exc:
+                log.warning("memory background work in a thread of the worker: %s", exc)
+        return await asyncio.get_running_loop().run_in_executor(self._background, call)
+
+    def start(self) -> None:
+        """The child now, its modules loading, rather than on the first episode."""
+        if self._child is not None:
+            self._child.start()
 
     def close(self) -> None:
         """Stop taking work; what runs finishes on its own (the side's tasks are gone)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._background.shutdown(wait=False, cancel_futures=True)
+        if self._child is not None:
+            self._child.close()
+
+
+class ChildUnavailable(Exception):
+    """The child process cannot run a call: none can be started, or it died. The call has
+    not run (or died with the child): run it elsewhere."""
+
+
+NICE = 19  # the lowest: the child works when the worker, and whatever else, leave a core idle
+PARENT_POLL_S = 1.0
+
+
+class Child:
+    """The background work (storing episodes, distillation's parsing) in one child process
+    of the worker, spawned on first use and again after it died.
+
+    In a thread of the worker, that work holds the worker's GIL: each system call of the event
+    loop (a relayed chunk's read and write) waits for it (bench/gil_convoy.py), and after a
+    restart the backlog of 200 sessions' episodes slowed every stream for seconds
+    (bench/RESULTS.md, Load). Here it takes the same cores at the lowest priority, not the
+    GIL. The functions are pure: the same records come back as a thread would make."""
+
+    def __init__(self) -> None:
+        self._executor: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Spawn the child now (a failure is left for the first call to find)."""
+        with contextlib.suppress(ChildUnavailable):
+            self._submit(_warm)
+
+    async def run(self, call: Callable[[], T]) -> T:
+        future = self._submit(call)
+        try:
+            return await asyncio.wrap_future(future)
+        except BrokenProcessPool as exc:  # it died with the call, or before it
+            self.close()
+            raise ChildUnavailable("the child process died") from exc
+
+    def _submit(self, call: Callable[[], T]) -> Future[T]:
+        try:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    1, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_child, initargs=(os.getpid(),),
+                )
+            return self._executor.submit(call)
+        except (OSError, ImportError, NotImplementedError, RuntimeError) as exc:
+            self.close()
+            raise ChildUnavailable(f"no child process: {exc}") from exc
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _start_child(parent: int) -> None:
+    # The worker's stop (SIGTERM, Ctrl-C to the group) ends the child through its parent's
+    # shutdown, not by an interrupt in the middle of a call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(NICE)
+    threading.Thread(target=_end_with, args=(parent,), name="ctxproxy-memory-parent",
+                     daemon=True).start()
+
+
+def _warm() -> None:
+    """What the background's calls need, imported before the first of them."""
+    importlib.import_module("memory.ingest")
+    importlib.import_module("memory.distill")
+
+
+def _end_with(parent: int) -> None:
+    """A parent killed outright shuts nothing down: the child looks for itself."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)

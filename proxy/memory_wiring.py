@@ -118,7 +118,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         max_bytes=int(settings.ingest_queue_mb * MIB), on_bytes=metrics.queue_bytes.set,
         on_drop=lambda reason: metrics.queue_dropped.labels(reason).inc(),
     )
-    pool = Pool()
+    pool = Pool(process=settings.memory_process)
     embedder = embedder_from(settings)
     indexer = None
     if embedder is not None:
@@ -159,7 +159,9 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         recall_modes=metrics.recall_modes,
         forwarded_whole=metrics.forwarded_whole,
     )
-    # The tokenizer loads in most of a second: now, off the loop, not on the first turn.
+    # The tokenizer loads in most of a second: now, off the loop, not on the first turn; so
+    # does the child process for the background work.
+    pool.start()
     await asyncio.to_thread(tokens.encoding_name)
     queue.start()
     distiller.start()

@@ -86,9 +86,11 @@ async def start_proxy(
             # The memory budget guards production latency; a test asserts what memory does,
             # on shared cores that may be busy (a test of the budget sets its own).
             "memory_timeout_ms": 10_000,
-            # The rows' counting in a thread: a child process per app would spawn an
-            # interpreter for every test (tests/ledger/test_counting_process.py runs one).
+            # The rows' counting and memory's background work in threads: a child process
+            # per app would spawn an interpreter for every test
+            # (tests/ledger/test_counting_process.py and tests/memory/test_cpu_child.py run one).
             "stats_process": False,
+            "memory_process": False,
         }
         values.update(overrides)
         if "trim_slack" in overrides or "trim_at_tokens" in overrides:

@@ -287,7 +287,8 @@ async def test_the_defaults_cost_no_more_than_direct_on_a_ten_turn_session(
     session, shapes = build_session(10), shapes_or_skip()
     direct = await run_one(STRATEGIES["direct"], session, shapes, 600, tmp_path / "d")
     defaults = await run_one(STRATEGIES["defaults"], session, shapes, 600, tmp_path / "p")
-    assert defaults.strategy.settings == {"distill_interval_s": 0.05}  # nothing else changed
+    # nothing else changed
+    assert defaults.strategy.settings == {"distill_interval_s": 0.05, "memory_process": False}
     assert defaults.cost(0.1) <= direct.cost(0.1) * 1.02
     assert defaults.recall == 1.0
 

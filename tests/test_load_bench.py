@@ -111,3 +111,10 @@ def test_the_convoy_bench_reports_every_kind_of_work() -> None:
     assert [name for name, _, _ in rows] == list(gil_convoy.kinds())
     assert rows[0][1][0] > 0  # beside a sleeping thread the loop makes its round trips
     assert "| nothing (the thread sleeps) |" in gil_convoy.report(rows, 1, [])
+
+
+def test_the_measured_run_is_reported_by_when_its_requests_began() -> None:
+    # The first part shows what a restart left behind; the last part may be shorter.
+    run = load.Run(seconds=25.0, ttfb=[0.5, 0.01, 0.02, 0.03], started=[100.0, 109.9, 110.0, 124.9],
+                   began=100.0)
+    assert load.by_window(run, 10.0) == [[0.5, 0.01], [0.02], [0.03]]

@@ -1,0 +1,102 @@
+"""Memory's background work in a child process of the worker (CTXPROXY_MEMORY_PROCESS, the
+default of a served proxy): the same records as a thread makes, nothing lost when the child
+dies, and the child at the lowest priority, ending with the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+from pathlib import Path
+
+from memory import cpu, distill
+from memory.cpu import Child, Pool
+from tests.conftest import ProxyFactory
+from tests.fakes.upstream import FakeUpstream
+from tests.ledger.test_counting_process import alive
+from tests.memory.conftest import Backend
+from tests.memory.session import Session, runtime
+
+PROMPTS = ("Where do the migrations live? We always use alembic, never raw SQL.",
+           "Our staging database is pg-staging-2; the token is sk-live-abcdefghijklmnop1234.",
+           "Thanks, that is all.")
+
+
+def _child(pool: Pool) -> int:
+    child = pool._child
+    assert child is not None and child._executor is not None, "no child: nothing ran in one"
+    [pid] = child._executor._processes  # type: ignore[attr-defined]
+    return int(pid)
+
+
+async def _episodes(s: Session) -> list[tuple[int | None, str]]:
+    """The session's episodes: (turn, text)."""
+    await runtime(s.proxy).queue.join()
+    stored = await runtime(s.proxy).store.list(None, types=["episodic"], limit=100)
+    return sorted((m.turn_index, m.text) for m in stored if m.session_id == s.session_id)
+
+
+async def _talk(s: Session) -> list[tuple[int | None, str]]:
+    for prompt in PROMPTS:
+        await s.say(prompt)
+    return await _episodes(s)
+
+
+async def test_the_child_stores_the_same_episodes_as_a_thread(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path,
+) -> None:
+    in_thread = await _talk(Session(await start_proxy(**backend.settings), upstream,
+                                    session_id="in-thread"))
+    proxy = await start_proxy(**{**backend.settings, "memory_process": True,
+                                 "data_dir": tmp_path / "child"})
+    assert await _talk(Session(proxy, upstream, session_id="in-child")) == in_thread
+    assert len(in_thread) == 3 and "sk-live-abcdefghijklmnop1234" not in str(in_thread)
+    pid = _child(runtime(proxy).pool)
+    assert pid != os.getpid()
+    assert os.getpriority(os.PRIO_PROCESS, pid) == cpu.NICE
+
+
+async def test_a_dead_child_loses_no_write_and_the_next_call_starts_another(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy(memory_process=True)
+    s = Session(proxy, upstream)
+    await s.say(PROMPTS[0])
+    await runtime(proxy).queue.join()
+    dead = _child(runtime(proxy).pool)
+    os.kill(dead, signal.SIGKILL)
+    await s.say(PROMPTS[1])  # its write meets the dead child: it runs in a thread
+    await s.say(PROMPTS[2])
+    assert [e[0] for e in await _episodes(s)] == [0, 1, 2]
+    assert _child(runtime(proxy).pool) != dead
+
+
+async def test_the_child_ends_with_the_proxy(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy(memory_process=True)
+    await Session(proxy, upstream).say(PROMPTS[0])
+    await runtime(proxy).queue.join()
+    pid = _child(runtime(proxy).pool)
+    await proxy.close()
+    for _ in range(100):
+        if not alive(pid):
+            break
+        await asyncio.sleep(0.05)
+    assert not alive(pid)
+
+
+async def test_distillations_parsing_runs_in_the_child_as_in_a_thread(
+    upstream: FakeUpstream, start_proxy: ProxyFactory,
+) -> None:
+    s = Session(await start_proxy(), upstream)
+    await _talk(s)
+    episodes = await runtime(s.proxy).store.list(None, types=["episodic"], limit=100)
+    child = Child()
+    try:
+        parsed = await child.run(functools.partial(distill._claims_of, episodes))
+    finally:
+        child.close()
+    assert parsed == distill._claims_of(episodes)
+    assert any(parsed)  # "always use alembic, never raw SQL" is a claim
