@@ -32,7 +32,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from memory.lanes import Lane
 
-__all__ = ["THREADS", "Child", "Offload", "Pool"]
+__all__ = ["THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool"]
 
 log = logging.getLogger("ctxproxy.memory")
 
@@ -77,7 +77,10 @@ class Pool:
         if self._child is not None:
             try:
                 return await self._child.run(call)
-            except ChildUnavailable as exc:
+            except NoChild as exc:  # this machine cannot start one: do not try every call
+                self._child = None
+                log.warning("memory background work in a thread of the worker: %s", exc)
+            except ChildUnavailable as exc:  # it died: this call here, the next in another
                 log.warning("memory background work in a thread of the worker: %s", exc)
         return await asyncio.get_running_loop().run_in_executor(self._background, call)
 
@@ -95,8 +98,13 @@ class Pool:
 
 
 class ChildUnavailable(Exception):
-    """The child process cannot run a call: none can be started, or it died. The call has
-    not run (or died with the child): run it elsewhere."""
+    """The child process cannot run a call: it died, or none can be started (``NoChild``).
+    The call has not run (or died with the child): run it elsewhere."""
+
+
+class NoChild(ChildUnavailable):
+    """No child process can be started here (no ``/dev/shm`` for its queue's lock, a process
+    limit, ...)."""
 
 
 NICE = 19  # the lowest: the child works when the worker, and whatever else, leave a core idle
@@ -139,7 +147,7 @@ class Child:
             return self._executor.submit(call)
         except (OSError, ImportError, NotImplementedError, RuntimeError) as exc:
             self.close()
-            raise ChildUnavailable(f"no child process: {exc}") from exc
+            raise NoChild(f"no child process: {exc}") from exc
 
     def close(self) -> None:
         executor, self._executor = self._executor, None

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import operator
 import os
 import signal
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from memory import cpu, distill
 from memory.cpu import Child, Pool
@@ -100,3 +105,25 @@ async def test_distillations_parsing_runs_in_the_child_as_in_a_thread(
         child.close()
     assert parsed == distill._claims_of(episodes)
     assert any(parsed)  # "always use alembic, never raw SQL" is a claim
+
+
+class NoFork(ProcessPoolExecutor):
+    """As at a process limit: the child cannot be spawned."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(11, "Resource temporarily unavailable")
+
+
+async def test_where_no_child_can_start_the_work_runs_in_a_thread_and_it_is_not_tried_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(cpu, "ProcessPoolExecutor", NoFork)
+    pool = Pool(process=True)
+    pool.start()
+    try:
+        for n in range(3):
+            assert await pool.background(operator.add, n, 1) == n + 1
+    finally:
+        pool.close()
+    assert pool._child is None
+    assert caplog.text.count("memory background work in a thread of the worker") == 1
