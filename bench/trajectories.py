@@ -562,7 +562,8 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at `{revision()}` with `{command}` on "
         f"{os.cpu_count()} "
         f"cores (shared), Python {platform.python_version()}; load average at the end {load}; "
-        f"run time {seconds:.0f} s. Plot: `bench/{args.plot.name}`.",
+        f"run time {seconds:.0f} s."
+        + (f" Plot: `bench/{args.plot.name}`." if args.plot is not None else ""),
         "",
         f"Runs: {len(tasks)} of ../shared/trajectories ({'all' if args.all else 'a subset'}; "
         f"model calls per run: median {steps[len(steps) // 2]}, max {steps[-1]}), replayed as "
