@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from bench import trajectories as bench
 from bench._codex import SUMMARY_PREFIX, AutoCompact, is_prompt, message_text, user_message
 from bench.economics import load_shapes
+from bench.trajectories import Task
 
 pytestmark = pytest.mark.skipif(
     not (bench.TRAJECTORIES.parent / "fixtures" / "codex").is_dir(),
@@ -158,3 +160,10 @@ def test_no_write_leaves_the_results_and_the_figure_alone(
     monkeypatch.setattr(bench, "write_block", lambda *a: touched.append("results"))
     bench.main(["--runs", str(tmp_path), *([] if write else ["--no-write"])])
     assert touched == ([f"plot {bench.PNG.name}", "results"] if write else [])
+
+
+@pytest.mark.parametrize("plot", [None, Path("trajectories.png")])
+def test_the_report_names_the_plot_only_when_one_is_made(plot: Path | None) -> None:
+    args = argparse.Namespace(plot=plot, all=False, ttl=600.0, limit=220_000)
+    text = bench.report([], [Task("t", "system", "prompt", ())], args, 1.0, "cmd")
+    assert ("Plot: `bench/trajectories.png`." in text) == (plot is not None)
