@@ -17,6 +17,7 @@ import pytest
 
 from memory import cpu, distill
 from memory.cpu import Child, Pool
+from memory.model import Memory
 from tests.conftest import ProxyFactory
 from tests.fakes.upstream import FakeUpstream
 from tests.ledger.test_counting_process import alive
@@ -92,19 +93,31 @@ async def test_the_child_ends_with_the_proxy(
     assert not alive(pid)
 
 
-async def test_distillations_parsing_runs_in_the_child_as_in_a_thread(
+def _content(decided: tuple[list[Memory], list[str]]) -> tuple[object, ...]:
+    writes, deletes = decided
+    return tuple((m.key, m.text, m.attrs, tuple(m.sources)) for m in writes), tuple(deletes)
+
+
+async def test_distillations_work_runs_in_the_child_as_in_a_thread(
     upstream: FakeUpstream, start_proxy: ProxyFactory,
 ) -> None:
     s = Session(await start_proxy(), upstream)
     await _talk(s)
     episodes = await runtime(s.proxy).store.list(None, types=["episodic"], limit=100)
+    parsed = distill._claims_of(episodes)
+    mentions = [distill.Mention(c, e.memory_id, e.session_id or "", e.created_at)
+                for e, found in zip(episodes, parsed, strict=True) for c in found]
+    decide = functools.partial(distill._decide, episodes[0].scope, mentions, [],
+                               threshold=0.0, now=episodes[0].created_at)
     child = Child()
     try:
-        parsed = await child.run(functools.partial(distill._claims_of, episodes))
+        assert await child.run(functools.partial(distill._claims_of, episodes)) == parsed
+        # New records get fresh ids and times: the rest is the same.
+        assert _content(await child.run(decide)) == _content(decide())
     finally:
         child.close()
-    assert parsed == distill._claims_of(episodes)
-    assert any(parsed)  # "always use alembic, never raw SQL" is a claim
+    assert mentions  # "always use alembic, never raw SQL" is a claim
+    assert decide()[0]  # and at threshold 0 a semantic memory
 
 
 class NoFork(ProcessPoolExecutor):
