@@ -145,6 +145,9 @@ class Child:
                     initializer=_start_child, initargs=(os.getpid(),),
                 )
             return self._executor.submit(call)
+        except BrokenProcessPool as exc:  # it died since the last call
+            self.close()
+            raise ChildUnavailable("the child process died") from exc
         except (OSError, ImportError, NotImplementedError, RuntimeError) as exc:
             self.close()
             raise NoChild(f"no child process: {exc}") from exc

@@ -72,10 +72,36 @@ async def test_a_dead_child_loses_no_write_and_the_next_call_starts_another(
     await runtime(proxy).queue.join()
     dead = _child(runtime(proxy).pool)
     os.kill(dead, signal.SIGKILL)
-    await s.say(PROMPTS[1])  # its write meets the dead child: it runs in a thread
+    # The first write to meet the dead child runs in a thread instead.
+    await s.say(PROMPTS[1])
     await s.say(PROMPTS[2])
     assert [e[0] for e in await _episodes(s)] == [0, 1, 2]
+    # A call that meets the dead child (here, or at a write above) runs in a thread; the
+    # call after it in another child.
+    for _ in range(2):
+        assert await runtime(proxy).pool.background(operator.add, 2, 3) == 5
     assert _child(runtime(proxy).pool) != dead
+
+
+async def test_a_child_found_dead_before_a_call_is_replaced_not_given_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = Pool(process=True)
+    try:
+        assert await pool.background(operator.add, 1, 1) == 2
+        dead = _child(pool)
+        os.kill(dead, signal.SIGKILL)
+        executor = pool._child._executor if pool._child is not None else None
+        for _ in range(200):  # until the pool has seen it die: the next submit is refused
+            if getattr(executor, "_broken", False):
+                break
+            await asyncio.sleep(0.01)
+        assert await pool.background(operator.add, 2, 2) == 4  # in the thread
+        assert "the child process died" in caplog.text
+        assert await pool.background(operator.add, 3, 3) == 6
+        assert _child(pool) != dead
+    finally:
+        pool.close()
 
 
 async def test_the_child_ends_with_the_proxy(
