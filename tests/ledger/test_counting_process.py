@@ -62,6 +62,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+async def ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone within 5 s (a child looks for its parent once a
+    second)."""
+    for _ in range(100):
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return not alive(pid)
+
+
 async def test_a_child_process_counts_the_rows_as_a_thread_does(
     start_proxy: ProxyFactory, tmp_path: Path,
 ) -> None:
@@ -108,11 +118,7 @@ async def test_the_child_ends_with_the_proxy(start_proxy: ProxyFactory) -> None:
     await rows(proxy, "sess-1")
     pid = child_pid(proxy)
     await proxy.close()
-    for _ in range(100):
-        if not alive(pid):
-            break
-        await asyncio.sleep(0.05)
-    assert not alive(pid)
+    assert await ended(pid)
 
 
 def no_semaphores(*args: object, **kwargs: object) -> None:
@@ -173,8 +179,4 @@ async def test_the_child_ends_when_its_parent_is_killed_outright(tmp_path: Path)
     assert alive(child)
     parent.kill()
     await parent.wait()
-    for _ in range(100):  # it looks once a second
-        if not alive(child):
-            break
-        await asyncio.sleep(0.05)
-    assert not alive(child)
+    assert await ended(child)

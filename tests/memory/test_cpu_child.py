@@ -20,7 +20,7 @@ from memory.cpu import Child, Pool
 from memory.model import Memory
 from tests.conftest import ProxyFactory
 from tests.fakes.upstream import FakeUpstream
-from tests.ledger.test_counting_process import alive
+from tests.ledger.test_counting_process import ended
 from tests.memory.conftest import Backend
 from tests.memory.session import Session, runtime
 
@@ -112,11 +112,7 @@ async def test_the_child_ends_with_the_proxy(
     await runtime(proxy).queue.join()
     pid = _child(runtime(proxy).pool)
     await proxy.close()
-    for _ in range(100):
-        if not alive(pid):
-            break
-        await asyncio.sleep(0.05)
-    assert not alive(pid)
+    assert await ended(pid)
 
 
 def _content(decided: tuple[list[Memory], list[str]]) -> tuple[object, ...]:
