@@ -8,6 +8,7 @@ thousands. Recall logic, pure.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from bisect import bisect_right
 from collections import Counter
@@ -231,6 +232,10 @@ LONG_QUERY_WORDS = 40  # a prompt this long is more than its question
 QUESTION_SCAN_CHARS = 8000
 
 
+# Where a sentence ends: a line break, or '.', '!' or '?' before a space or the end.
+_SENTENCE_END = re.compile(r"\n|[.!?](?=\s|\Z)")
+
+
 def questions(query: str) -> list[str]:
     """The first few questions of a long prompt, each with the sentence before it in its
     paragraph (where what it asks about is often named); none for a short prompt, which is its
@@ -241,17 +246,17 @@ def questions(query: str) -> list[str]:
     text = query[:QUESTION_SCAN_CHARS]
     out = []
     before = start = 0  # where the sentence before this one starts, and this one
-    for at, char in enumerate(text):
-        end = at + 1 == len(text) or text[at + 1].isspace()
+    for end in _SENTENCE_END.finditer(text):  # a step per sentence, not per character
+        at, char = end.start(), end.group()
         if char == "\n":
             before = start = at + 1
-        elif char in ".!" and end:
-            before, start = start, at + 1
-        elif char == "?" and end:
+        elif char == "?":
             out.append(text[before : at + 1].strip())
             before = start = at + 1
             if len(out) == MAX_QUESTIONS:
                 break
+        else:
+            before, start = start, at + 1
     return out
 
 

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from injectors.redact import redact
 from memory.cpu import Offload
@@ -23,12 +28,53 @@ __all__ = ["Working", "derive"]
 
 TASK_CHARS = 1000
 MAX_CONSTRAINTS = 40
+CONSTRAINT_CHARS = 300
 _SESSIONS = 4096
+# Every user turn derives the session's working memory from its whole history again, and
+# only the newest prompt is new: what a prompt says (its task text, its constraints) is
+# worked out once per prompt. Bounded by an estimate of the bytes held, the prompt (the key)
+# included; the lock because derive runs in worker threads.
+SAID_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    texts: tuple[tuple[str, str], ...]  # each record's text, and its digest
+    size: int  # the bytes this entry holds, its prompt's included
+
+
+_said: LRUCache[tuple[str, str], _Said] = LRUCache(SAID_BYTES, getsizeof=lambda s: s.size)
+_said_lock = threading.Lock()
 
 
 def _clip(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _task(prompt: str) -> str:
+    """The task record's text of a session that opened with ``prompt``."""
+    return _memo("task", prompt, lambda: [_clip(redact(prompt), TASK_CHARS)])[0][0]
+
+
+def _constraints(prompt: str) -> tuple[tuple[str, str], ...]:
+    """The constraint records' texts of ``prompt``, in order, each with its digest."""
+    return _memo("constraints", prompt, lambda: [
+        _clip(redact(sentence), CONSTRAINT_CHARS) for sentence in constraints(prompt)])
+
+
+def _memo(kind: str, prompt: str, make: Callable[[], list[str]]) -> tuple[tuple[str, str], ...]:
+    key = (kind, prompt)
+    with _said_lock:
+        said = _said.get(key)
+    if said is None:
+        texts = tuple((t, hashlib.sha256(t.lower().encode()).hexdigest()[:24]) for t in make())
+        size = sys.getsizeof(prompt) + sum(sys.getsizeof(t) + 100 for t, _ in texts)
+        said = _Said(texts, size)
+        if size <= SAID_BYTES // 16:  # one huge prompt never empties the memo
+            with _said_lock:
+                _said[key] = said
+    return said.texts
 
 
 def derive(
@@ -49,12 +95,10 @@ def derive(
     out: list[Memory] = []
     if turns and not compacted and turns[0].user.strip():
         first = turns[0]
-        out.append(record(f"task:{session}", _clip(redact(first.user), TASK_CHARS), first, "task"))
+        out.append(record(f"task:{session}", _task(first.user), first, "task"))
     found: dict[str, Memory] = {}
     for turn in turns:
-        for sentence in constraints(turn.user):
-            text = _clip(redact(sentence), 300)
-            digest = hashlib.sha256(text.lower().encode()).hexdigest()[:24]
+        for text, digest in _constraints(turn.user):
             key = f"constraint:{session}:{digest}"
             found.pop(key, None)  # restated: it moves to the turn that said it last
             found[key] = record(key, text, turn, "constraint")

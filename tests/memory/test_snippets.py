@@ -9,12 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from injectors import memory_blocks, tokens
 from memory import snippets
 from memory.model import Memory, Scope
 from memory.recall import Candidate, Recaller, Weights
-from memory.snippets import GAP, SNIPPET_TOKENS, questions, snippet
+from memory.snippets import (
+    GAP,
+    LONG_QUERY_WORDS,
+    MAX_QUESTIONS,
+    QUESTION_SCAN_CHARS,
+    SNIPPET_TOKENS,
+    questions,
+    snippet,
+)
 from memory.store_sqlite import SqliteStore
 from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
 from memory.words import terms
@@ -407,3 +417,42 @@ def test_a_pick_makes_snippets_only_of_what_it_may_show(monkeypatch: pytest.Monk
     assert [m.memory_id for m in chosen] == ["mem_answer"]
     assert "staging db port 5433" in chosen[0].text
     assert made == [answer.text]
+
+
+def _questions_by_character(query: str) -> list[str]:
+    """questions() as it was first written, a step per character: the reference."""
+    if len(query.split(None, LONG_QUERY_WORDS)) <= LONG_QUERY_WORDS:
+        return []
+    text = query[:QUESTION_SCAN_CHARS]
+    out: list[str] = []
+    before = start = 0
+    for at, char in enumerate(text):
+        end = at + 1 == len(text) or text[at + 1].isspace()
+        if char == "\n":
+            before = start = at + 1
+        elif char in ".!" and end:
+            before, start = start, at + 1
+        elif char == "?" and end:
+            out.append(text[before : at + 1].strip())
+            before = start = at + 1
+            if len(out) == MAX_QUESTIONS:
+                break
+    return out
+
+
+_PIECES = st.sampled_from(["word", "x.y", "a?b", ".", "!", "?", " ", "\n", "\t", "\u2003",
+                           "\x1c", "\u00a0", "é", "v2.1", "...", "?!", "\r\n"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, min_size=0, max_size=400))
+def test_questions_are_found_as_by_reading_every_character(pieces: list[str]) -> None:
+    query = " ".join(["w"] * LONG_QUERY_WORDS) + " " + "".join(pieces)
+    assert questions(query) == _questions_by_character(query)
+
+
+def test_questions_of_a_prompt_past_the_scan_are_found_as_before() -> None:
+    query = ("Why? " * 10 + "word " * 50 + "Is it here? " + "a" * QUESTION_SCAN_CHARS + " Or here?")
+    assert questions(query) == _questions_by_character(query) == ["Why?", "Why?", "Why?"]
+    query = "word " * 1600 + "Which one?"  # the question past the 8,000 characters scanned
+    assert questions(query) == _questions_by_character(query) == []

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+from cachetools import LRUCache
+
+from memory import working
 from memory.ingest import episodes
-from memory.model import Scope
+from memory.model import Memory, Scope
 from memory.turns import ARGS_CHARS, OUTPUT_CHARS, render, session_key, split
 from memory.working import derive
 from request import History
@@ -91,6 +96,46 @@ def test_working_memory_is_the_task_and_the_constraints() -> None:
     ]
     assert all(m.type == "working" and m.expires_at == 1900.0 for m in records)
     assert len({m.key for m in records}) == 4
+
+
+def _without_ids(records: list[Memory]) -> list[Memory]:
+    return [dataclasses.replace(m, memory_id="") for m in records]
+
+
+def test_working_memory_reads_each_prompt_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+    real = working.constraints
+    monkeypatch.setattr(working, "constraints", lambda text: read.append(text) or real(text))
+    monkeypatch.setattr(working, "_said", LRUCache(working.SAID_BYTES, getsizeof=lambda s: s.size))
+    items = [*codex.context_items(), *codex.text_turn("Port the parser to Rust. Use serde."),
+             *codex.text_turn("Never commit to main. Keep the old tests.")]
+    first = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
+    items.append(codex.text("user", "Always run clippy before you push."))
+    read.clear()
+    again = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
+    assert read == ["Always run clippy before you push."]  # only the new prompt is read
+    monkeypatch.setattr(working, "_said", LRUCache(working.SAID_BYTES, getsizeof=lambda s: s.size))
+    cold = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
+    assert _without_ids(again) == _without_ids(cold)
+    assert _without_ids(again)[: len(first)] == _without_ids(first)
+    assert [m.text for m in again][-1] == "Always run clippy before you push."
+
+
+def test_the_prompt_memo_counts_the_prompts_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = 64 * 1024
+    memo: LRUCache[tuple[str, str], object] = LRUCache(budget, getsizeof=lambda s: s.size)
+    monkeypatch.setattr(working, "_said", memo)
+    monkeypatch.setattr(working, "SAID_BYTES", budget)
+    prompts = [f"Task {n}: " + "rename the module and keep its API. " * 100 for n in range(40)]
+    items = codex.context_items()
+    for prompt in prompts:
+        items = [*items, *codex.text_turn(prompt)]
+        derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
+    assert budget - 4000 < memo.currsize <= budget  # each entry counts its 3.6 KB prompt
+    huge = "Never log the token. " + "x" * (budget // 16)
+    derive(SCOPE, "s", split("s", History([*codex.context_items(), *codex.text_turn(huge)])),
+           now=1.0, ttl_s=60)
+    assert ("constraints", huge) not in memo  # one huge prompt never empties the memo
 
 
 def test_after_a_compaction_the_first_prompt_is_not_the_task() -> None:
