@@ -7,11 +7,14 @@ must take it back after. While another thread of the process runs Python, the lo
 it: up to the switch interval (``sys.getswitchinterval()``, 5 ms) for pure Python, and for the
 whole call when the other thread is inside a C call that keeps the GIL (Python's ``re``,
 orjson). C calls that let it go (re2, tiktoken, SQLite, hashlib on large data) cost the loop
-nothing. Here the main thread stands for the loop: a pipe's write and read, in a loop, while
-one other thread runs each kind of work for ``--seconds``, ``--rounds`` times (the kinds and
-intervals taking turns: the figures move from run to run with how the kernel places the two
-threads); reported, the median round's round trips per second of the main thread and its
-longest wait in any round, at the default switch interval and at 0.5 ms.
+nothing, but the thread that makes them pays: each takes the GIL back after, and beside a
+thread running Python that is a wait of up to the interval per call (the second table:
+redaction, two RE2 calls a text, of a prompt's sentences one by one and together). Here the
+main thread stands for the loop: a pipe's write and read, in a loop, while one other thread
+runs each kind of work for ``--seconds``, ``--rounds`` times (the kinds and intervals taking
+turns: the figures move from run to run with how the kernel places the two threads);
+reported, the median round's round trips per second of the main thread and its longest wait
+in any round, at the default switch interval and at 0.5 ms.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import re2
 from bench._results import write_block
 from bench.overhead import machine
 from injectors import tokens
+from injectors.redact import redact, redact_all
 
 SECTION = "## The event loop beside worker threads"
 BEGIN = "<!-- gil-convoy:begin (written by bench/gil_convoy.py) -->"
@@ -67,6 +71,40 @@ def kinds() -> dict[str, Callable[[], object]]:
         "orjson.loads, 300 KB": lambda: orjson.loads(RAW),
         "orjson.dumps, 300 KB": lambda: orjson.dumps(BODY),
     }
+
+
+SENTENCES = [f"Always run `make lint` before step {n}; never push to main." for n in range(30)]
+
+
+def caller_waits(rounds: int) -> list[tuple[str, float, float]]:
+    """Redacting SENTENCES one by one and together (``redact_all``), beside a thread that
+    runs pure Python: per round, the wall and CPU time of the redacting thread (ms, the
+    median round)."""
+    ways: dict[str, Callable[[], object]] = {
+        "one by one (redact)": lambda: [redact(t) for t in SENTENCES],
+        "together (redact_all)": lambda: redact_all(SENTENCES),
+    }
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(i * i for i in range(1_000))
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    took: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+    try:
+        for _ in range(rounds):
+            for name, way in ways.items():
+                wall, cpu = time.perf_counter(), time.thread_time()
+                way()
+                took[name].append(((time.perf_counter() - wall) * 1000,
+                                   (time.thread_time() - cpu) * 1000))
+    finally:
+        stop.set()
+        thread.join()
+    return [(name, statistics.mean(w for w, _ in got), statistics.mean(c for _, c in got))
+            for name, got in took.items()]
 
 
 def convoy(work: Callable[[], object], seconds: float) -> tuple[float, float]:
@@ -121,7 +159,8 @@ def measure(seconds: float, rounds: int) -> list[Row]:
     return [(name, summary(name, default), summary(name, 0.0005)) for name in kinds()]
 
 
-def report(rows: Sequence[Row], rounds: int, argv: Sequence[str]) -> str:
+def report(rows: Sequence[Row], rounds: int, argv: Sequence[str],
+           waits: Sequence[tuple[str, float, float]] = ()) -> str:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join([".venv/bin/python -m bench.gil_convoy", *argv])
     lines = [
@@ -137,6 +176,12 @@ def report(rows: Sequence[Row], rounds: int, argv: Sequence[str]) -> str:
     ]
     for name, (rate, worst), (rate2, worst2) in rows:
         lines.append(f"| {name} | {rate:,.0f} | {worst:.1f} | {rate2:,.0f} | {worst2:.1f} |")
+    if waits:
+        lines += ["", f"The thread that lets the GIL go: {len(SENTENCES)} sentences redacted "
+                  "beside a thread running pure Python (5 ms interval; the mean of "
+                  f"{rounds * 4} rounds).", "",
+                  "| redacted | wall ms | CPU ms |", "|---|---:|---:|"]
+        lines += [f"| {name} | {wall:.1f} | {cpu:.2f} |" for name, wall, cpu in waits]
     return "\n".join(lines)
 
 
@@ -146,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    text = report(measure(args.seconds, args.rounds), args.rounds,
-                  list(argv if argv is not None else sys.argv[1:]))
+    rows = measure(args.seconds, args.rounds)
+    text = report(rows, args.rounds, list(argv if argv is not None else sys.argv[1:]),
+                  caller_waits(args.rounds * 4))
     print(text)
     if not args.no_write:
         write_block(SECTION, BEGIN, END, text)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from injectors.redact import redact
+from injectors.redact import redact, redact_all
 from memory.cpu import Offload
 from memory.model import Memory, Scope, Store
 from memory.queue import WriteQueue
@@ -60,7 +60,7 @@ def _task(prompt: str) -> str:
 def _constraints(prompt: str) -> tuple[tuple[str, str], ...]:
     """The constraint records' texts of ``prompt``, in order, each with its digest."""
     return _memo("constraints", prompt, lambda: [
-        _clip(redact(sentence), CONSTRAINT_CHARS) for sentence in constraints(prompt)])
+        _clip(text, CONSTRAINT_CHARS) for text in redact_all(constraints(prompt))])
 
 
 def _memo(kind: str, prompt: str, make: Callable[[], list[str]]) -> tuple[tuple[str, str], ...]:

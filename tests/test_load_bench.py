@@ -111,6 +111,9 @@ def test_the_convoy_bench_reports_every_kind_of_work() -> None:
     assert [name for name, _, _ in rows] == list(gil_convoy.kinds())
     assert rows[0][1][0] > 0  # beside a sleeping thread the loop makes its round trips
     assert "| nothing (the thread sleeps) |" in gil_convoy.report(rows, 1, [])
+    waits = gil_convoy.caller_waits(1)
+    assert [name for name, _, _ in waits] == ["one by one (redact)", "together (redact_all)"]
+    assert "| together (redact_all) |" in gil_convoy.report(rows, 1, [], waits)
 
 
 def test_the_measured_run_is_reported_by_when_its_requests_began() -> None:

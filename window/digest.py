@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 from cachetools import LRUCache
 
 from injectors import cut_digest
-from injectors.redact import redact
+from injectors.redact import redact_all
 from request import History, Identity, Item, message_text, output_text
 
 __all__ = ["Digests", "digest_message"]
@@ -65,7 +65,9 @@ def _names(text: str, seen: dict[str, None]) -> None:
             seen[name] = None
 
 
-def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_digest.CutTurn:
+def _cut_turn(
+    history: History, n: int, clean: Callable[[Sequence[str]], list[str]]
+) -> cut_digest.CutTurn:
     calls: list[tuple[str, str]] = []
     answer = ""
     # The names the turn worked with, each once, newest last: what its outputs showed, then
@@ -91,16 +93,22 @@ def _cut_turn(history: History, n: int, clean: Callable[[str], str]) -> cut_dige
         elif isinstance(kind, str) and kind.endswith("_call_output"):
             _names(output_text(item), seen)
     # What users pasted stays in their own turns: the digest carries none of it.
+    # Redacted together: one ask of the secret rules for the whole turn (see redact_all).
+    prompt, last, names, *said = clean([
+        history.prompt_text(n)[: cut_digest.PROMPT_CHARS * 2],
+        answer[: cut_digest.ANSWER_CHARS * 2],
+        " ".join([*(n for n in seen if n not in used), *used][-MAX_NAMES:]),
+        *(args[: cut_digest.CALL_CHARS * 2] for _, args in calls),
+    ])
     return cut_digest.CutTurn(
-        n + 1, clean(history.prompt_text(n)[: cut_digest.PROMPT_CHARS * 2]),
-        tuple((name, clean(args[: cut_digest.CALL_CHARS * 2])) for name, args in calls),
-        clean(answer[: cut_digest.ANSWER_CHARS * 2]),
-        tuple(clean(" ".join([*(n for n in seen if n not in used), *used][-MAX_NAMES:])).split()),
+        n + 1, prompt, tuple((name, args) for (name, _), args in zip(calls, said, strict=True)),
+        last, tuple(names.split()),
     )
 
 
 def digest_message(
-    history: History, first: int, max_chars: int, clean: Callable[[str], str] = redact,
+    history: History, first: int, max_chars: int,
+    clean: Callable[[Sequence[str]], list[str]] = redact_all,
     cut_turn: Callable[[int], cut_digest.CutTurn] | None = None,
 ) -> Item | None:
     """A developer message with the turns before ``first`` (the newest MAX_TURNS of them, as
@@ -157,7 +165,7 @@ class Digests:
             with self._lock:
                 known = self._turns.get(key)
             if known is None:
-                known = _cut_turn(history, n, redact)
+                known = _cut_turn(history, n, redact_all)
                 with self._lock:
                     self._turns[key] = known
             return known

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from injectors import redact as redact_module
-from injectors.redact import MARK, redact
+from injectors.redact import MARK, redact, redact_all
 
 
 @pytest.mark.parametrize(
@@ -127,3 +127,23 @@ def test_non_ascii_text_skips_the_rules_that_cannot_match_it() -> None:
     assert redact_module._may_match(text + "password\u3000= hunter2") != frozenset()
     assert redact(text + "password\u3000= hunter2").endswith(f"password\u3000= {MARK}")
     assert redact_module._may_match("\u212a" + text) == redact_module._EVERY
+
+
+@hypothesis.settings(max_examples=2000, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join),
+                           max_size=8))
+def test_texts_redacted_together_come_out_as_one_by_one(texts: list[str]) -> None:
+    assert redact_all(texts) == [redact(t) for t in texts]
+
+
+def test_texts_redacted_together_ask_the_sets_once_when_nothing_is_there() -> None:
+    sentences = [f"Always run the linter before step {n}." for n in range(30)]
+    asked: list[str] = []
+    real = redact_module._may_match
+    with mock.patch.object(redact_module, "_may_match", lambda t: asked.append(t) or real(t)):
+        assert redact_all(sentences) == sentences
+        assert len(asked) == 1
+        leaked = [*sentences, "Never share it: password=hunter22 is the staging one."]
+        assert redact_all(leaked)[-1] == "Never share it: password=[REDACTED] is the staging one."
+        assert redact_all(leaked)[:-1] == sentences
