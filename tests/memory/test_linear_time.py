@@ -18,7 +18,8 @@ import pytest
 from injectors import redact as redact_module
 from injectors import secret_rules
 from injectors.bounds import RECORD_CHARS, clip
-from injectors.redact import MARK, redact
+from injectors.redact import MARK, redact, redact_all
+from memory import snippets
 from memory.statements import _CONSTRAINT, _FACT, _RULE, _UNSAFE, claims, constraints, sentences
 from memory.words import terms
 
@@ -112,6 +113,19 @@ def test_terms_are_linear(shape: str) -> None:
 def test_redact_is_bounded(shape: str) -> None:
     assert_linear(redact, SHAPES[shape])
     assert len(redact(SHAPES[shape](BIG))) <= RECORD_CHARS + 2 * len(MARK)
+
+
+@pytest.mark.parametrize("shape", ["base64", "a=a=a=", "said", "mysql args"])
+def test_redacting_many_texts_together_is_linear(shape: str) -> None:
+    def run(text: str) -> None:  # the text in pieces each under the per-record cap
+        redact_all([text[at : at + RECORD_CHARS] for at in range(0, len(text), RECORD_CHARS)])
+
+    assert_linear(run, SHAPES[shape])
+
+
+@pytest.mark.parametrize("shape", ["dots", "spaces", "a.a.a."])
+def test_sentence_ends_are_found_in_linear_time(shape: str) -> None:
+    assert_linear(lambda text: list(snippets._SENTENCE_END.finditer(text)), SHAPES[shape])
 
 
 def test_clip_keeps_head_and_tail() -> None:
