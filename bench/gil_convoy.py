@@ -78,8 +78,8 @@ SENTENCES = [f"Always run `make lint` before step {n}; never push to main." for 
 
 def caller_waits(rounds: int) -> list[tuple[str, float, float]]:
     """Redacting SENTENCES one by one and together (``redact_all``), beside a thread that
-    runs pure Python: per round, the wall and CPU time of the redacting thread (ms, the
-    median round)."""
+    runs pure Python: the wall and CPU time of the redacting thread (ms), the mean of
+    ``rounds`` rounds (in some the busy thread never takes the GIL while it is let go)."""
     ways: dict[str, Callable[[], object]] = {
         "one by one (redact)": lambda: [redact(t) for t in SENTENCES],
         "together (redact_all)": lambda: redact_all(SENTENCES),
