@@ -1,12 +1,12 @@
 """The memory pipeline step: remember the session, recall once per user turn, inject blocks.
 
 Per user turn (the first request of it): split the history into turns, write working memory
-(before forwarding), queue the episodes, recall. The result is cached for the turn, so every
-request of its tool loop gets the same bytes and costs a dictionary lookup. Any store failure,
-or memory not ready within the budget, leaves the request without this turn's memory: it gets
-the blocks the session's last request showed while the window has not cut since, else the
-window's cut is undone (nothing would show what it cut); it is counted, logged once, and
-never fails the request.
+(while the request goes out; its answer is relayed once written), queue the episodes, recall.
+The result is cached for the turn, so every request of its tool loop gets the same bytes and
+costs a dictionary lookup. Any store failure, or memory not ready within the budget, leaves
+the request without this turn's memory: it gets the blocks the session's last request showed
+while the window has not cut since, else the window's cut is undone (nothing would show what
+it cut); it is counted, logged once, and never fails the request.
 
 A turn's recall message stays where it was put (before the turn's prompt) for as long as the
 turn is in the forwarded window: later requests re-insert the same bytes, so the forwarded
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from bisect import bisect_right
 from collections.abc import Awaitable
@@ -48,6 +49,8 @@ from memory.working import Working
 from request import Exchange, Identity, Item, Notes, digest
 
 __all__ = ["MemoryStep", "Prepared", "scope_of"]
+
+log = logging.getLogger("ctxproxy.memory")
 
 TURNS_CACHED = 4096
 STANDING_CACHED = 4096
@@ -78,6 +81,10 @@ class Prepared:
     degraded: bool = False
     message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
     mode: str | None = None  # how recall searched (memory.recall.Mode)
+    # A known session's working-memory write, still going as the request is forwarded: its
+    # answer waits for it (``before_answer``), at most until this (time.monotonic()).
+    writing: asyncio.Future[list[Memory]] | None = field(default=None, compare=False)
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +201,10 @@ class MemoryStep:
         ] = LRUCache(STANDING_CACHED)
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
         self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(STANDING_CACHED)
+        # Requests forwarded before their turn's working memory was written (by their Notes'
+        # id, as _awaiting), and the writes themselves until they end.
+        self._holding: LRUCache[int, tuple[Notes, Prepared]] = LRUCache(AWAITING)
+        self._writes: set[asyncio.Future[list[Memory]]] = set()
 
     async def __call__(self, ex: Exchange) -> None:
         if ex.items is None or not ex.history.turns or ex.history_is_foreign:
@@ -234,6 +245,8 @@ class MemoryStep:
         if prepared.degraded:
             self._without_memory(ex, scope, session)
             return
+        if prepared.writing is not None and not prepared.writing.done():
+            self._holding[id(ex.notes)] = (ex.notes, prepared)
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
             ex.notes.recall_mode = prepared.mode
@@ -275,8 +288,26 @@ class MemoryStep:
 
         return self._queue.put(store, size, key=(scope, session))
 
+    async def before_answer(self, notes: Notes) -> None:
+        """Wait until the working memory of the turn whose request had ``notes`` is written
+        (what the relay does before it relays the answer), within the turn's budget. The
+        request went out while it was written: the answer, which the session's next request
+        (in any replica, after a compaction too) comes after, still follows it."""
+        held = self._holding.pop(id(notes), None)
+        if held is None or held[0] is not notes or held[1].writing is None:
+            return
+        left = held[1].deadline - time.monotonic()
+        if left > 0:
+            # Past the budget the answer goes on without it; a failed write is counted (or
+            # logged, _written) where it failed.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(held[1].writing), left)
+
     async def close(self) -> None:
-        """Cancel turns still being prepared (shutdown)."""
+        """Cancel turns still being prepared and let the working-memory writes under way end
+        (shutdown)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
         tasks = list(self._turns.values())
         for task in tasks:
             task.cancel()
@@ -298,7 +329,8 @@ class MemoryStep:
         start = time.perf_counter()
         # Every hop of this turn (and of the reads it starts) goes before later turns', while
         # its request can still use it.
-        lanes.turn(time.monotonic(), self._budget_s)
+        began = time.monotonic()
+        lanes.turn(began, self._budget_s)
         now = time.time()
         # Working memory is a session's own: a client that names no session (no session id,
         # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
@@ -339,7 +371,8 @@ class MemoryStep:
             compacted = ex.history.compacted
             if own and not new_session:
                 # What it writes now comes from this turn, in the window, where standing
-                # memory does not look: written while recall reads (done before forwarding).
+                # memory does not look: written while recall reads and while the request
+                # goes out, done before the answer is relayed (before_answer).
                 writing = asyncio.ensure_future(self._working_memory(
                     self._working.update(scope, session, turns, now=now, compacted=compacted)))
             elif new_session:
@@ -387,8 +420,10 @@ class MemoryStep:
         finally:
             _drop(found)
             _drop(reading)
-            if writing is not None:
-                await writing
+            if written is not None:
+                await written
+            elif writing is not None:
+                self._keep(writing)
             if self._recall_seconds is not None:
                 self._recall_seconds.observe(time.perf_counter() - start)
         if self._recalled is not None:
@@ -405,6 +440,8 @@ class MemoryStep:
                 self._remember(forwarded[-1][1], newest)
             message = newest.message
         return Prepared(
+            writing=None if written is not None else writing,
+            deadline=began + self._budget_s,
             standing=standing_text,
             chosen=tuple(standing),
             used=used,
@@ -424,6 +461,17 @@ class MemoryStep:
             return []
         self._health.ok("working memory")
         return records
+
+    def _keep(self, write: asyncio.Future[list[Memory]]) -> None:
+        """Hold on to ``write`` until it ends (a task nothing references may be collected)."""
+        self._writes.add(write)
+        write.add_done_callback(self._written)
+
+    def _written(self, write: asyncio.Future[list[Memory]]) -> None:
+        self._writes.discard(write)
+        if not write.cancelled() and (exc := write.exception()) is not None:
+            # A store failure is counted by _working_memory: anything else is a bug.
+            log.error("writing working memory failed", exc_info=exc)
 
     def _pin(self, scope: Scope, session: str, first: TurnKey | None) -> Pinned | None:
         """The session's pinned standing block, while ``first`` (the first forwarded turn)

@@ -1,8 +1,9 @@
 """Working memory: this session's task and the user's constraints, with a sliding TTL.
 
-Derived from the history once per user turn. New records are written before the request is
-forwarded (so another replica, or the session after a compaction, already has them); known
-ones only get their TTL pushed back, through the write queue.
+Derived from the history once per user turn. New records are written while the request goes
+out, before its answer is relayed (so another replica, or the session after a compaction,
+has them by the session's next request); known ones only get their TTL pushed back, through
+the write queue.
 """
 
 from __future__ import annotations

@@ -43,6 +43,10 @@ PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKE
 # they took, for the request whose exchange had these Notes (the memory side stores the turn).
 AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
 ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
+# Awaited before the answer to the request whose exchange had these Notes is relayed (the
+# memory side's writes that went on while it was forwarded).
+BeforeAnswer = Callable[[Notes], Awaitable[None]]
+BEFORE_ANSWER: web.AppKey[BeforeAnswer] = web.AppKey("before_answer")
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
@@ -443,6 +447,13 @@ async def relay(
     start = time.perf_counter()
     upstream_response = await upstream.send(request.method, url, headers, body)
     completed = False
+    before = app.get(BEFORE_ANSWER)
+    if before is not None and info.notes is not None:
+        try:
+            await before(info.notes)
+        except BaseException:
+            upstream_response.close()
+            raise
     tap = (
         UsageTap(upstream_response.headers.get("Content-Encoding"))
         if tap_usage and _is_sse(upstream_response)

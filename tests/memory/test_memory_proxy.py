@@ -501,24 +501,27 @@ async def test_a_late_turn_keeps_the_last_requests_blocks_while_the_window_holds
     release.set()
 
 
-async def test_a_constraint_is_stored_before_its_request_is_forwarded(
+async def test_a_constraint_is_stored_while_its_request_goes_out_and_before_its_answer(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    # Working memory is written while recall reads, for a session this process knows; the
-    # write still ends before the request goes out, so another replica has it already.
+    # Working memory is written while recall reads, for a session this process knows, and
+    # while the request goes out: the upstream has the request before the write ends, and the
+    # answer is relayed only once it has (another replica's next request comes after it).
     proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
     store = runtime(proxy).store
-    slow_upsert = store.upsert
+    held_upsert = store.upsert
+    looked = asyncio.Event()
 
     async def upsert(memories: Any) -> Any:
-        await asyncio.sleep(0.2)  # slower than recall: a write not awaited would show
-        return await slow_upsert(memories)
+        await looked.wait()  # until the upstream has the request
+        return await held_upsert(memories)
 
     seen: list[list[str]] = []
 
     async def look(request: Any, rec: Any) -> Any:
         working = await store.list(None, types=["working"], limit=100)
         seen.append([m.text for m in working])
+        looked.set()
         return await upstream.stream(request, rec)
 
     s = Session(proxy, upstream)
@@ -527,7 +530,35 @@ async def test_a_constraint_is_stored_before_its_request_is_forwarded(
     store.upsert = upsert  # type: ignore[method-assign]
     upstream.then(look)
     await s.say("Always use tabs for indentation. Now add the first migration.")
-    assert any("Always use tabs for indentation." in text for text in seen[0])
+    assert not any("Always use tabs" in text for text in seen[0])  # not waited for
+    working = await store.list(None, types=["working"], limit=100)
+    assert any("Always use tabs for indentation." in m.text for m in working)  # the answer was
+    registry = proxy.app[METRICS].registry
+    assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) == 0
+
+
+async def test_a_working_memory_write_that_breaks_does_not_break_the_answer(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The write goes on while the request is out; a bug in it is logged, and neither the
+    # turn's memory (the step) nor the answer the upstream gave is lost to it.
+    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
+    store = runtime(proxy).store
+    s = Session(proxy, upstream)
+    await s.say("Set up the migrations folder.")
+    await runtime(proxy).queue.join()
+
+    async def upsert(memories: Any) -> Any:
+        raise RuntimeError("a bug in the write")
+
+    store.upsert = upsert  # type: ignore[method-assign]
+    sent = await s.say("Always use tabs for indentation. Now add the first migration.")
+    assert "Always use tabs" in json.dumps(sent)
+    assert s.answer  # the upstream's answer, relayed (say asserts the 200)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("writing working memory failed" in m for m in logged)
+    assert not any("step memory failed" in m for m in logged)  # the turn kept its memory
 
 
 def _on_standing_read(
