@@ -172,6 +172,8 @@ def create_app(scripted: dict[str, list[bytes]] | None = None) -> web.Applicatio
 
                 scripted[key] = answer_events_of(key)
             answer = scripted[key]
+        # x-bench-first-byte-ms: the model's time to its first token.
+        await asyncio.sleep(float(request.headers.get("x-bench-first-byte-ms", 0)) / 1000)
         response = web.StreamResponse(headers=sse_headers)
         await response.prepare(request)
         for event in answer:

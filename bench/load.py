@@ -178,6 +178,7 @@ class Thread:
     tools: list[Item]
     pace_ms: float
     jitter: float = 0.0  # each answer's pace is pace_ms times 1 +- up to this
+    first_byte_ms: float = 0.0  # how long the upstream thinks before its first byte
     rng: random.Random = field(default_factory=random.Random)
     session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     # script: the upstream answers each request with the script's own next items, which the
@@ -222,6 +223,7 @@ class Thread:
             "x-team-id": TEAM, "x-agent-id": agent, "x-tdai-user-key": f"key-{agent}",
             "x-bench-pace-ms": str(self.pace_ms * self.rng.uniform(1 - self.jitter,
                                                                     1 + self.jitter)),
+            "x-bench-first-byte-ms": str(self.first_byte_ms),
         }
 
 
@@ -279,7 +281,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
 async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
                 pace_ms: float, seed: int, *, jitter: float = 0.0, warmup: float = 0.0,
                 measuring: Callable[[], None] = lambda: None,
-                answers: str = "script") -> tuple[Run, Run]:
+                answers: str = "script", first_byte_ms: float = 0.0) -> tuple[Run, Run]:
     """``users`` virtual users running threads back to back for ``warmup`` + ``seconds``; a
     request started in time is finished and counted: in the first Run when it started in
     the warm-up, else in the second. The same users go on from the warm-up into the
@@ -305,8 +307,8 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
         # come over its own keep-alive connection (and so, with SO_REUSEPORT, to one worker).
         async with aiohttp.ClientSession(timeout=timeout) as client:
             while time.perf_counter() < stop_at:
-                thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter, rng,
-                                answers=answers)
+                thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter,
+                                first_byte_ms, rng, answers=answers)
                 for body, headers in thread.requests(first_turn):
                     now = time.perf_counter()
                     if now >= stop_at:
@@ -502,7 +504,7 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
                                 args.pace_ms, seed=1, jitter=args.jitter,
-                                answers=args.answers)
+                                answers=args.answers, first_byte_ms=args.first_byte_ms)
         relay, relay_cpu = await bare_relay(args, upstream, workdir, scripts)
         proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
                             settings)
@@ -521,7 +523,8 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         warm, proxied = await drive(proxy.url, args.sessions, args.seconds, scripts,
                                     args.pace_ms, seed=3, jitter=args.jitter,
                                     warmup=args.warmup_seconds,
-                                    measuring=measuring, answers=args.answers)
+                                    measuring=measuring, answers=args.answers,
+                                    first_byte_ms=args.first_byte_ms)
         cpu = cpu_since(proxy.popen.pid, cpu_at[0])
         metrics = scrape(proxy)
         lag = _lag(metrics, metrics_at[0] if metrics_at else {})
@@ -576,7 +579,7 @@ async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
         _, run = await drive(naive.url, args.sessions, args.direct_seconds, scripts,
                              args.pace_ms, seed=2, jitter=args.jitter, warmup=RELAY_WARMUP_S,
                              measuring=lambda: cpu_at.append(tree_cpu_s(naive.popen.pid)),
-                             answers=args.answers)
+                             answers=args.answers, first_byte_ms=args.first_byte_ms)
         return run, cpu_since(naive.popen.pid, cpu_at[0])
     finally:
         stop(naive)
@@ -640,6 +643,8 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         + f"; window 5 turns; {len(AGENTS)} agents of one team, the team's wiki bound to "
         f"each); the fake upstream streams {ANSWER_EVENTS} events {args.pace_ms:g} ms apart"
         + (f" (each answer's pace times 1 +- up to {args.jitter:g})" if args.jitter else "")
+        + (f", its first {args.first_byte_ms:g} ms after the request" if args.first_byte_ms
+           else "")
         + ("; PostgreSQL memory store; " if args.pg_url else "; SQLite memory store; ")
         + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
@@ -760,6 +765,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="turns per thread (default 12; with --shape agent 3 tasks)")
     parser.add_argument("--pace-ms", type=float, default=40.0,
                         help="between the upstream's events (70 per answer)")
+    parser.add_argument("--first-byte-ms", type=float, default=0.0,
+                        help="the upstream's time before its first event (a model's time to "
+                             "first token; 0: at once)")
     parser.add_argument("--jitter", type=float, default=0.5,
                         help="each answer's pace is --pace-ms times 1 +- up to this (0: every "
                              "answer takes as long, and sessions that start together stay "
