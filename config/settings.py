@@ -208,7 +208,9 @@ class Settings(BaseSettings):
     weight_semantic: float = Field(0.8, ge=0, description="Recall weight of semantic memory.")
     memory_timeout_ms: int = Field(
         1000, gt=0,
-        description="The most a request waits for memory before going without it (and uncut).",
+        description="The most a request waits for memory before going without it (and uncut); "
+        "its answer waits for the turn's working-memory write until this much after the turn "
+        "began.",
     )
     memory_process: bool = Field(
         True,
