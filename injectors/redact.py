@@ -272,10 +272,15 @@ def redact_all(texts: Sequence[str]) -> list[str]:
     texts only sends them one by one."""
     if len(texts) < 2 or any(len(t) > RECORD_CHARS for t in texts):
         return [redact(t) for t in texts]
-    together = "\n".join(texts)
-    if not _may_match(together) and not rules().together.Match(together):
+    if not _found_together(texts):
         return list(texts)  # nothing to redact in any (nearly always)
     return [redact(t) for t in texts]
+
+
+def _found_together(texts: Sequence[str]) -> bool:
+    """Whether the sets find anything in ``texts`` joined by line breaks (``redact_all``)."""
+    together = "\n".join(texts)
+    return bool(_may_match(together)) or bool(rules().together.Match(together))
 
 
 def _maintained(text: str) -> str:

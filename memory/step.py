@@ -203,7 +203,8 @@ class MemoryStep:
         self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(STANDING_CACHED)
         # Requests forwarded before their turn's working memory was written (by their Notes'
         # id, as _awaiting), and the writes themselves until they end.
-        self._holding: LRUCache[int, tuple[Notes, Prepared]] = LRUCache(AWAITING)
+        self._holding: LRUCache[int, tuple[Notes, asyncio.Future[list[Memory]], float]] = (
+            LRUCache(AWAITING))
         self._writes: set[asyncio.Future[list[Memory]]] = set()
 
     async def __call__(self, ex: Exchange) -> None:
@@ -246,7 +247,7 @@ class MemoryStep:
             self._without_memory(ex, scope, session)
             return
         if prepared.writing is not None and not prepared.writing.done():
-            self._holding[id(ex.notes)] = (ex.notes, prepared)
+            self._holding[id(ex.notes)] = (ex.notes, prepared.writing, prepared.deadline)
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
             ex.notes.recall_mode = prepared.mode
@@ -294,14 +295,15 @@ class MemoryStep:
         request went out while it was written: the answer, which the session's next request
         (in any replica, after a compaction too) comes after, still follows it."""
         held = self._holding.pop(id(notes), None)
-        if held is None or held[0] is not notes or held[1].writing is None:
+        if held is None or held[0] is not notes:
             return
-        left = held[1].deadline - time.monotonic()
+        _, writing, deadline = held
+        left = deadline - time.monotonic()
         if left > 0:
             # Past the budget the answer goes on without it; a failed write is counted (or
             # logged, _written) where it failed.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(held[1].writing), left)
+                await asyncio.wait_for(asyncio.shield(writing), left)
 
     async def close(self) -> None:
         """Cancel turns still being prepared and let the working-memory writes under way end
