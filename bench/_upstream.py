@@ -172,8 +172,11 @@ def create_app(scripted: dict[str, list[bytes]] | None = None) -> web.Applicatio
 
                 scripted[key] = answer_events_of(key)
             answer = scripted[key]
-        # x-bench-first-byte-ms: the model's time to its first token.
-        await asyncio.sleep(float(request.headers.get("x-bench-first-byte-ms", 0)) / 1000)
+        # x-bench-first-byte-ms: the model's time to its first token (none: answered at once,
+        # without a loop turn more than before the header existed).
+        first = float(request.headers.get("x-bench-first-byte-ms", 0)) / 1000
+        if first > 0:
+            await asyncio.sleep(first)
         response = web.StreamResponse(headers=sse_headers)
         await response.prepare(request)
         for event in answer:
