@@ -177,6 +177,44 @@ async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_pat
     assert len(rows) == 3 and all(chars == length for _, chars, length in rows), rows
 
 
+async def test_among_more_matches_alike_than_it_reranks_a_search_keeps_the_shorter(
+    tmp_path: Path,
+) -> None:
+    # 60 records say "zebra" once; the 30 long ones are newer, so that a ranking which lost
+    # sight of length would hand the newest (long) ones to the rerank and return them.
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    try:
+        short = [Memory(type="episodic", scope=SCOPE, key=f"s{i}", text=f"zebra note {i}",
+                        created_at=1000.0 + i, updated_at=1000.0 + i) for i in range(30)]
+        long = [Memory(type="episodic", scope=SCOPE, key=f"l{i}",
+                       text=f"zebra {i} " + "filler words of a long tool output " * 100,
+                       created_at=2000.0 + i, updated_at=2000.0 + i) for i in range(30)]
+        await store.upsert([*short, *long])
+        hits = await store.search(SCOPE, "zebra", limit=20, now=3000.0)
+    finally:
+        await store.close()
+    assert len(hits) == 20 and all(h.memory.key.startswith("s") for h in hits), [
+        h.memory.key for h in hits]
+
+
+def test_a_scopes_average_length_is_kept_for_the_ttl_per_scope_and_types() -> None:
+    measured: list[str] = []
+
+    def measure(what: str) -> float:
+        measured.append(what)
+        return 120.0
+
+    kept = MatchCounts(ttl_s=30.0)
+    assert kept.length("s", "episodic", lambda: measure("s"), now=100.0) == 120.0
+    kept.length("s", "episodic", lambda: measure("s again"), now=129.0)
+    kept.length("s", "episodic,semantic", lambda: measure("s, two types"), now=129.0)
+    kept.length("t", "episodic", lambda: measure("t"), now=129.0)
+    kept.length("s", "episodic", lambda: measure("s, too old"), now=130.5)
+    kept.length("s", "episodic", lambda: measure("s, clock went back"), now=50.0)
+    assert measured == ["s", "s, two types", "t", "s, too old", "s, clock went back"]
+
+
 @hypothesis.given(st.lists(st.sampled_from(
     ["rat", "rates", "pirates", "_rates", "rat_e", "é", "rater", " ", "\n", ".", "-", "9", "ß"]),
     max_size=30).map("".join))
