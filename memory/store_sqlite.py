@@ -250,13 +250,6 @@ _RECENT_SCAN = 2000
 # read from the text of the best _RERANK candidates only.
 _K1, _B = 1.2, 0.75
 _RERANK = 40
-# BM25's average record length, of the scope's first records in its type index (the newest of
-# a type): a sample bounds the work in a big scope, and the average moves slowly. Kept as the
-# match counts are. The candidates' own average, a window over all of them, cost a search
-# about an eighth of its CPU (760 records a scope, every word common).
-_AVERAGE_SAMPLE = 2000
-_AVERAGE_CHARS = f"""SELECT avg(chars) FROM (
-    SELECT m.chars FROM memories m WHERE {_FILTERS} LIMIT :sample)"""
 _TF_CHARS = 2000
 _SUFFIXES = ("ing", "ed", "es", "s", "e")
 _BUSY_TIMEOUT_S = 5.0
@@ -520,15 +513,10 @@ class SqliteStore:
         sql, params = _candidates_sql(
             [_phrase(w) for _, w in counted], idf, bound(df, BUDGET), within
         )
-        filters: dict[str, object] = dict(
-            service=scope.service_id, team=scope.team_id, agent=scope.agent_id,
-            user=scope.user, now=now, **{f"type{i}": t for i, t in enumerate(types)})
-        types_at = ", ".join(f":type{i}" for i in range(len(types)))
-        average = self._matches.length(
-            token, ",".join(types),
-            lambda: _average_chars(db, _AVERAGE_CHARS.replace(":types", types_at), filters), now)
-        params.update(filters, limit=max(limit, _RERANK), average=average)
-        sql = sql.replace(":types", types_at)
+        params.update(service=scope.service_id, team=scope.team_id, agent=scope.agent_id,
+                      user=scope.user, now=now, limit=max(limit, _RERANK),
+                      **{f"type{i}": t for i, t in enumerate(types)})
+        sql = sql.replace(":types", ", ".join(f":type{i}" for i in range(len(types))))
         ranked = sorted(_json_rows(db, sql, params, "matched, score, updated, memory_id, id, "
                                                     "words"), reverse=True)
         if not ranked:
@@ -828,13 +816,6 @@ def _rarest(
     return sorted(rare, key=lambda c: c[0])[:MAX_WORDS]
 
 
-def _average_chars(db: sqlite3.Connection, sql: str, filters: dict[str, object]) -> float:
-    """The average length of (a bounded sample of) the scope's records: BM25's average
-    document length, at least 1."""
-    row = db.execute(sql, {**filters, "sample": _AVERAGE_SAMPLE}).fetchone()
-    return max(1.0, float(row[0] or 0.0))
-
-
 def _counts(
     db: sqlite3.Connection, words: Sequence[str], cap: int, within: Callable[[str], str]
 ) -> builtins.list[int]:
@@ -848,30 +829,16 @@ def _counts(
 
 
 class MatchCounts:
-    """Words' match counts per (scope, cap), and scopes' average record lengths, each kept
-    for ``ttl_s`` (see MATCH_COUNTS_TTL_S) of the searches' own clock (their ``now``: a
-    replay's simulated time gives the same results on a fast machine and a slow one); a
-    count of 0 is never kept. Shared by the search threads."""
+    """Words' match counts per (scope, cap), each kept for ``ttl_s`` (see MATCH_COUNTS_TTL_S)
+    of the searches' own clock (their ``now``: a replay's simulated time gives the same
+    results on a fast machine and a slow one); a count of 0 is never kept. Shared by the
+    search threads."""
 
     def __init__(self, ttl_s: float = MATCH_COUNTS_TTL_S,
                  size: int = MATCH_COUNTS_CACHED) -> None:
         self._ttl_s = ttl_s
         self._kept: LRUCache[tuple[str, int, str], tuple[int, float]] = LRUCache(size)
-        self._lengths: LRUCache[tuple[str, str], tuple[float, float]] = LRUCache(size)
         self._lock = threading.Lock()
-
-    def length(self, scope: str, types: str, measure: Callable[[], float],
-               now: float) -> float:
-        """The average length of ``scope``'s records of ``types`` at ``now``: kept, or by
-        ``measure``."""
-        with self._lock:
-            kept = self._lengths.get((scope, types))
-        if kept is not None and 0 <= now - kept[1] < self._ttl_s:
-            return kept[0]
-        average = measure()
-        with self._lock:
-            self._lengths[(scope, types)] = (average, now)
-        return average
 
     def counts(self, scope: str, words: Sequence[str], cap: int,
                count: Callable[[Sequence[str]], builtins.list[int]],
@@ -899,9 +866,8 @@ def _candidates_sql(
     phrases: Sequence[str], idf: Sequence[float], plan: Bounds, within: Callable[[str], str]
 ) -> tuple[str, dict[str, object]]:
     """One statement: the bounded candidates of the words in scope, alive and of the asked
-    types (``:types``), the best first: words matched, BM25 with term frequency 1 (and the
-    scope's ``:average`` length), updated_at, memory_id (the ranking), rowid, and the indices
-    of the words each holds."""
+    types (``:types``), the best first: words matched, BM25 with term frequency 1,
+    updated_at, memory_id (the ranking), rowid, and the indices of the words each holds."""
     params: dict[str, object] = {f"p{i}": within(p) for i, p in enumerate(phrases)}
     params.update({f"idf{i}": v for i, v in enumerate(idf)})
     rare = " OR ".join(phrases[i] for i in plan.rare)
@@ -936,7 +902,7 @@ def _candidates_sql(
     ]
     sql = f"""WITH {", ".join(ctes)}
         SELECT c.matched, c.idf / (1.0 + {_K1} * (1.0 - {_B} + {_B} * m.chars
-                / :average)) AS score,
+                / avg(m.chars) OVER ())) AS score,
             m.updated_at AS updated, m.memory_id, c.id, c.words
         FROM cand AS c CROSS JOIN memories m ON m.id = c.id
         WHERE ({pool}) AND {_FILTERS}

@@ -198,23 +198,6 @@ async def test_among_more_matches_alike_than_it_reranks_a_search_keeps_the_short
         h.memory.key for h in hits]
 
 
-def test_a_scopes_average_length_is_kept_for_the_ttl_per_scope_and_types() -> None:
-    measured: list[str] = []
-
-    def measure(what: str) -> float:
-        measured.append(what)
-        return 120.0
-
-    kept = MatchCounts(ttl_s=30.0)
-    assert kept.length("s", "episodic", lambda: measure("s"), now=100.0) == 120.0
-    kept.length("s", "episodic", lambda: measure("s again"), now=129.0)
-    kept.length("s", "episodic,semantic", lambda: measure("s, two types"), now=129.0)
-    kept.length("t", "episodic", lambda: measure("t"), now=129.0)
-    kept.length("s", "episodic", lambda: measure("s, too old"), now=130.5)
-    kept.length("s", "episodic", lambda: measure("s, clock went back"), now=50.0)
-    assert measured == ["s", "s, two types", "t", "s, too old", "s, clock went back"]
-
-
 @hypothesis.given(st.lists(st.sampled_from(
     ["rat", "rates", "pirates", "_rates", "rat_e", "é", "rater", " ", "\n", ".", "-", "9", "ß"]),
     max_size=30).map("".join))
