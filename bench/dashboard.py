@@ -16,14 +16,12 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
-import psycopg
 
 from bench._checkout import revision
 from bench._results import write_block
@@ -32,7 +30,7 @@ from ledger.model import Record
 from ledger.stores import make_ledger
 from proxy.assemble import build_app
 from tests.fakes.server import free_port, serve
-from tests.memory.conftest import with_search_path
+from tests.memory.conftest import fresh_schema
 
 SECTION = "## Dashboard"
 BEGIN = "<!-- dashboard:begin (written by bench/dashboard.py) -->"
@@ -104,14 +102,8 @@ def scratch(url: str | None) -> Iterator[str | None]:
     if not url:
         yield None
         return
-    schema = f"bench_dashboard_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield with_search_path(url, schema)
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with fresh_schema(url, "bench_dashboard") as scoped:
+        yield scoped
 
 
 async def main_async(args: argparse.Namespace) -> str:

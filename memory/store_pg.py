@@ -140,6 +140,18 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                EXECUTE FUNCTION ctxproxy_memory_text_changed()""",
         ),
     ),
+    (
+        5,
+        (
+            # GIN's fast update puts new entries in a pending list, unsorted, that every
+            # search reads whole until a vacuum (or 4 MB of it) merges it into the index:
+            # with memories written all the time, a probe of a few lexemes took 30-50 ms
+            # (bench/RESULTS.md, Load). Written straight into the index, an insert costs a
+            # little more (off the request path: episodes are stored in the background).
+            "ALTER INDEX memories_tsv SET (fastupdate = off)",
+            "SELECT gin_clean_pending_list('memories_tsv'::regclass)",
+        ),
+    ),
 )
 _FORGET = """
 WITH gone AS (
@@ -209,10 +221,13 @@ _RECENT = f"""recent AS MATERIALIZED (
     ORDER BY m.updated_at DESC LIMIT %(recent)s
 )"""
 _RANKED = f"""
-SELECT {_M_COLUMNS}, ts_rank(m.tsv, %(all)s::tsquery, 1) AS score,
-       (SELECT count(*) FROM unnest(%(parts)s::tsquery[]) AS p(part) WHERE m.tsv @@ p.part)
+SELECT {_M_COLUMNS}, ts_rank(d.v, %(all)s::tsquery, 1) AS score,
+       (SELECT count(*) FROM unnest(%(parts)s::tsquery[]) AS p(part) WHERE d.v @@ p.part)
            AS coverage
 FROM memories m
+-- A row's tsvector decompressed once, not at each of its nine uses (a third of the ranking's
+-- time for a thousand candidates of a few KB each).
+CROSS JOIN LATERAL (SELECT m.tsv || ''::tsvector AS v OFFSET 0) AS d
 -- An array, not a join: joined, the planner would rather read the whole scope than look up
 -- the few candidates by key.
 WHERE m.memory_id = ANY(ARRAY(SELECT memory_id FROM pool)) AND {_FILTERS}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,10 @@ def require_pg_url() -> str:
     pytest.skip(message)
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A PostgreSQL URL whose search_path is a fresh schema, dropped after the test."""
-    base = require_pg_url()
-    schema = f"t_{uuid.uuid4().hex[:16]}"
+@contextmanager
+def fresh_schema(base: str, prefix: str = "t") -> Iterator[str]:
+    """``base`` with its connections confined to a new schema, dropped after."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
@@ -53,6 +53,13 @@ def pg_url() -> Iterator[str]:
     finally:
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped after the test."""
+    with fresh_schema(require_pg_url()) as url:
+        yield url
 
 
 @dataclass

@@ -179,6 +179,19 @@ async def test_a_word_no_memory_held_is_found_as_soon_as_one_holds_it(store: Sto
     assert {h.memory.key for h in hits} == {"deploy", "codename"}
 
 
+async def test_a_word_with_more_matches_than_a_search_ranks_finds_its_newest(
+    store: Store
+) -> None:
+    # More matches than a search ranks, none analyzed yet (PostgreSQL's statistics, as after
+    # a fresh start): its newest matches are the candidates.
+    await store.upsert([mem(f"ledger entry {n:05d}", f"e{n:05d}", at=T0 + n)
+                        for n in range(2_100)])
+
+    hits = await store.search(SCOPE, "ledger", limit=3, now=T0 + 3_000)
+
+    assert [h.memory.key for h in hits] == ["e02099", "e02098", "e02097"]
+
+
 async def test_search_ranks_the_better_match_first(store: Store) -> None:
     await store.upsert([
         mem("deploy notes: the staging cluster runs in Frankfurt", "one-word"),
