@@ -32,7 +32,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from memory.lanes import Lane
 
-__all__ = ["THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool"]
+__all__ = ["SMALL", "THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool", "sized"]
 
 log = logging.getLogger("ctxproxy.memory")
 
@@ -42,6 +42,11 @@ T = TypeVar("T")
 # measured the same under bench/load.py); two keep a turn's recall from waiting behind one
 # long ingest job.
 THREADS = 2
+# Characters of input below which a call runs in place. It then costs microseconds; its trip to
+# a thread cost a new turn p50 5 ms and p99 50 ms under bench/load.py's chat shape, for 0.01 ms
+# of work (the thread waits for the GIL, up to the switch interval, and its answer for the
+# loop; bench/RESULTS.md, Load). The bound keeps what the loop does per call a constant.
+SMALL = 32 * 1024
 
 
 class Offload(Protocol):
@@ -50,6 +55,16 @@ class Offload(Protocol):
     def __call__(
         self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> Awaitable[T]: ...
+
+
+async def sized(
+    offload: Offload, size: int, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """``fn(*args, **kwargs)`` in place when its input (``size`` characters) is SMALL, else
+    through ``offload``."""
+    if size <= SMALL:
+        return fn(*args, **kwargs)
+    return await offload(fn, *args, **kwargs)
 
 
 class Pool:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from config import Settings
-from memory.cpu import Offload
+from memory.cpu import Offload, sized
 from memory.embed import Embedder, EmbedError
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
 from memory.snippets import (
@@ -364,7 +364,7 @@ class Recaller:
             return Found(query, now, session)
         # A long prompt is searched as a whole and by each of its questions: the words of
         # the question are what the memory shares, the rest says what the task is about.
-        asked, ids = await self._offload(_read_query, query)
+        asked, ids = await sized(self._offload, len(query), _read_query, query)
         found, recent, (near, mode), named = await asyncio.gather(
             asyncio.gather(*(
                 self._store.search(scope, q, types=["episodic", "semantic"],

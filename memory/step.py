@@ -38,7 +38,7 @@ from injectors import memory_blocks
 from injectors.instructions import SEPARATOR, append_block
 from memory import lanes
 from memory import turns as turns_
-from memory.cpu import Offload
+from memory.cpu import Offload, sized
 from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
@@ -432,8 +432,9 @@ class MemoryStep:
             self._recalled.inc(len(standing) + len(recalled))
         if self._recall_modes is not None and mode is not None:
             self._recall_modes.labels(mode).inc()
-        standing_text, recall_text, recall_lines = await self._offload(
-            _texts, standing, recalled
+        standing_text, recall_text, recall_lines = await sized(
+            self._offload, sum(len(m.text) for m in (*standing, *recalled)),
+            _texts, standing, recalled,
         )
         message = _developer_message(recall_text) if recall_text else None
         if forwarded and self._placement == "split":
