@@ -99,8 +99,9 @@ async def run(base: str, count: int, searches: int, rounds: int) -> str:
         for name in names:
             times[name] += await _variant(base, name, memories, questions)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    about = machine().split(". The machine")[0]
     lines = [
-        f"Measured {now} with `.venv/bin/python -m bench.pg_search` on {machine().split(';')[0]}.",
+        f"Measured {now} with `.venv/bin/python -m bench.pg_search` on {about}.",
         "",
         f"{count:,} episodes of about 450 words (a {VOCABULARY:,}-word Zipf-like "
         f"vocabulary) stored in batches of 50 with autovacuum off for the table, then "
