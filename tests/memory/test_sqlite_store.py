@@ -198,6 +198,32 @@ async def test_among_more_matches_alike_than_it_reranks_a_search_keeps_the_short
         h.memory.key for h in hits]
 
 
+
+async def test_the_full_text_index_stays_in_few_segments_under_single_writes(
+    tmp_path: Path,
+) -> None:
+    # Every write transaction adds a segment, and a search reads each segment for each of its
+    # words: the store merges as it writes (FTS5's automerge alone reached 16 here).
+    path = tmp_path / "memory.sqlite3"
+    store = SqliteStore(path)
+    await store.open()
+    segments = []
+    try:
+        with sqlite3.connect(path) as conn:
+            for n in range(800):
+                await store.upsert([mem(f"turn-{n}", f"turn {n} touched ledger/posting_{n}.py")])
+                if n % 25 == 24:
+                    segments.append(conn.execute(
+                        "SELECT count(DISTINCT segid) FROM memories_fts_idx").fetchone()[0])
+        await store.upsert([mem("turn-7", "rewritten: working memory changes its text")])
+        assert (await store.search(SCOPE, "posting_123"))[0].memory.key == "turn-123"
+        assert [h.memory.key for h in await store.search(SCOPE, "rewritten")] == ["turn-7"]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('integrity-check')")
+    assert max(segments) <= 8, segments
+
 @hypothesis.given(st.lists(st.sampled_from(
     ["rat", "rates", "pirates", "_rates", "rat_e", "é", "rater", " ", "\n", ".", "-", "9", "ß"]),
     max_size=30).map("".join))
