@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import math
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -204,3 +205,16 @@ async def test_closing_work_goes_after_everything_handed_in_before_it() -> None:
     await asyncio.gather(*tasks, asyncio.wrap_future(closing))
     assert done == ["read", "episode", "close"]
     lane.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="names in /proc are Linux's")
+def test_a_lanes_threads_show_their_names_to_top_and_ps() -> None:
+    def own_name() -> str:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+    lane = Lane(2, "ctxproxy-sqlite-search")
+    try:
+        names = {lane.submit(own_name).result(timeout=5) for _ in range(20)}
+    finally:
+        lane.shutdown()
+    assert names <= {"sqlite-search_0", "sqlite-search_1"} and names, names
