@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -255,15 +256,39 @@ _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NO
 # serialization failure; a second try then succeeds.
 _RETRY_SQLSTATES = frozenset({"40P01", "40001"})
 _MAX_QUERY_CHARS = 8000
+# A connection back from a statement a moment ago is alive: checking each one as it leaves the
+# pool (a round trip) cost as much as the statement it was taken for. One that sat in the
+# pool this long is checked first: the server may have restarted or dropped it meanwhile.
+IDLE_CHECK_S = 5.0
+
+
+class _IdleCheck:
+    """The pool's ``check`` and ``reset`` callbacks: a connection is checked when it is
+    taken after ``after_s`` idle in the pool (or for the first time), else taken as it is."""
+
+    def __init__(self, after_s: float = IDLE_CHECK_S) -> None:
+        self._after_s = after_s
+        self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
+            weakref.WeakKeyDictionary())
+
+    async def check(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        returned = self._returned.pop(conn, None)
+        if returned is None or time.monotonic() - returned > self._after_s:
+            await AsyncConnectionPool.check_connection(conn)
+
+    async def reset(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        self._returned[conn] = time.monotonic()
 
 
 class PostgresStore:
     """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
 
-    def __init__(self, url: str, *, max_connections: int = 10, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, *, max_connections: int = 10, timeout_s: float = 5.0,
+                 idle_check_s: float = IDLE_CHECK_S) -> None:
         self._url = url  # holds the password: never logged
         self._max = max_connections
         self._timeout_s = timeout_s
+        self._idle_check_s = idle_check_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._stats: _Stats | None = None
         self._vectors = VectorIndex(reread=REREAD)
@@ -273,14 +298,19 @@ class PostgresStore:
 
     async def open(self) -> None:
         """Run pending migrations on a connection of its own, then open the pool."""
+        idle = _IdleCheck(self._idle_check_s)
         pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
             self._url,
             min_size=1,
             max_size=self._max,
             open=False,
             timeout=self._timeout_s,
-            check=AsyncConnectionPool.check_connection,
-            kwargs={"connect_timeout": max(1, round(self._timeout_s))},
+            check=idle.check,
+            reset=idle.reset,
+            # A statement on its own commits on its own: in a transaction it would cost a
+            # round trip for BEGIN and one for COMMIT besides its own. What must be one
+            # transaction asks for it (``_conn(atomic=True)``).
+            kwargs={"connect_timeout": max(1, round(self._timeout_s)), "autocommit": True},
         )
         try:
             await self._migrate()
@@ -322,13 +352,20 @@ class PostgresStore:
                 )
 
     @asynccontextmanager
-    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        """A pooled connection inside one transaction; driver errors become StoreError."""
+    async def _conn(
+        self, *, atomic: bool = False
+    ) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """A pooled connection, its statements each committed on its own, or with ``atomic``
+        all in one transaction; driver errors become StoreError."""
         if self._pool is None:
             raise StoreError("postgres: the memory store is not open")
         try:
             async with self._pool.connection() as conn:
-                yield conn
+                if atomic:
+                    async with conn.transaction():
+                        yield conn
+                else:
+                    yield conn
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"postgres: {exc}") from exc
 
@@ -352,7 +389,7 @@ class PostgresStore:
 
     async def _upsert_rows(self, params: list[tuple[Any, ...]]) -> list[Memory]:
         stored: list[Memory] = []
-        async with self._conn() as conn, conn.cursor() as cur:
+        async with self._conn(atomic=True) as conn, conn.cursor() as cur:
             await cur.executemany(_UPSERT, params, returning=True)
             async for result in cur.results():
                 row = await result.fetchone()
@@ -397,7 +434,7 @@ class PostgresStore:
     ) -> list[Hit]:
         if not query.strip() or not types or limit <= 0:
             return []
-        async with self._conn() as conn:
+        async with self._conn(atomic=True) as conn:  # SET LOCAL lasts as long as it
             cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
             lexemes = [str(row[0]) for row in await cur.fetchall()]
             if not lexemes:
@@ -556,7 +593,7 @@ class PostgresStore:
         if not rows:
             return
         pairs = list(dict.fromkeys((r.memory_id, r.model) for r in rows))
-        async with self._conn() as conn, conn.cursor() as cur:
+        async with self._conn(atomic=True) as conn, conn.cursor() as cur:
             await cur.execute(
                 "DELETE FROM memory_vectors v USING unnest(%s::text[], %s::text[]) AS d(id, model)"
                 " WHERE v.memory_id = d.id AND v.model = d.model",
@@ -635,7 +672,7 @@ class PostgresStore:
             "service_id": scope.service_id, "team_id": scope.team_id,
             "agent_id": scope.agent_id, "user_ref": scope.user,
         }
-        async with self._conn() as conn:
+        async with self._conn(atomic=True) as conn:
             # A range of the seq index, whatever the statistics say (before ANALYZE has seen
             # the vectors, the planner read every one of them, 150 MB at 100k).
             await conn.execute("SET LOCAL enable_seqscan = off")
