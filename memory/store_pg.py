@@ -266,7 +266,7 @@ class _IdleCheck:
     """The pool's ``check`` and ``reset`` callbacks: a connection is checked when it is
     taken after ``after_s`` idle in the pool (or for the first time), else taken as it is."""
 
-    def __init__(self, after_s: float = IDLE_CHECK_S) -> None:
+    def __init__(self, after_s: float) -> None:
         self._after_s = after_s
         self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
             weakref.WeakKeyDictionary())
@@ -288,7 +288,7 @@ class PostgresStore:
         self._url = url  # holds the password: never logged
         self._max = max_connections
         self._timeout_s = timeout_s
-        self._idle_check_s = idle_check_s
+        self._idle = _IdleCheck(idle_check_s)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._stats: _Stats | None = None
         self._vectors = VectorIndex(reread=REREAD)
@@ -298,15 +298,14 @@ class PostgresStore:
 
     async def open(self) -> None:
         """Run pending migrations on a connection of its own, then open the pool."""
-        idle = _IdleCheck(self._idle_check_s)
         pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
             self._url,
             min_size=1,
             max_size=self._max,
             open=False,
             timeout=self._timeout_s,
-            check=idle.check,
-            reset=idle.reset,
+            check=self._idle.check,
+            reset=self._idle.reset,
             # A statement on its own commits on its own: in a transaction it would cost a
             # round trip for BEGIN and one for COMMIT besides its own. What must be one
             # transaction asks for it (``_conn(atomic=True)``).
@@ -434,7 +433,7 @@ class PostgresStore:
     ) -> list[Hit]:
         if not query.strip() or not types or limit <= 0:
             return []
-        async with self._conn(atomic=True) as conn:  # SET LOCAL lasts as long as it
+        async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
             cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
             lexemes = [str(row[0]) for row in await cur.fetchall()]
             if not lexemes:

@@ -198,7 +198,6 @@ async def test_among_more_matches_alike_than_it_reranks_a_search_keeps_the_short
         h.memory.key for h in hits]
 
 
-
 async def test_the_full_text_index_stays_in_few_segments_under_single_writes(
     tmp_path: Path,
 ) -> None:
@@ -223,6 +222,7 @@ async def test_the_full_text_index_stays_in_few_segments_under_single_writes(
     with sqlite3.connect(path) as conn:
         conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('integrity-check')")
     assert max(segments) <= 8, segments
+
 
 @hypothesis.given(st.lists(st.sampled_from(
     ["rat", "rates", "pirates", "_rates", "rat_e", "é", "rater", " ", "\n", ".", "-", "9", "ß"]),
