@@ -10,7 +10,8 @@ The memory runtime owns one small thread pool and shuts it down with the side; t
 take an ``Offload`` through their constructors and default to ``asyncio.to_thread``. The
 background work (storing episodes, distillation's parsing) no request waits for runs in a
 child process of the worker when ``CTXPROXY_MEMORY_PROCESS`` is on (``Child``): there it
-does not hold the worker's GIL.
+does not hold the worker's GIL. So, with the same setting, do the SQLite store's searches, which
+a request waits for, in processes of their own at the worker's priority (``Served``).
 """
 
 from __future__ import annotations
@@ -22,17 +23,24 @@ import importlib
 import logging
 import multiprocessing
 import os
+import pickle
+import queue
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import ParamSpec, Protocol, TypeVar
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from memory.lanes import Lane
+from memory.lanes import Lane, name_os_thread
 
-__all__ = ["SMALL", "THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool", "sized"]
+__all__ = [
+    "SMALL", "THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool", "Served",
+    "sized",
+]
 
 log = logging.getLogger("ctxproxy.memory")
 
@@ -194,3 +202,137 @@ def _end_with(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     os._exit(0)
+
+
+class Served(Generic[T]):
+    """One function served by ``processes`` child processes, a call at a time each, to the
+    threads that call ``call`` (a lane's). For work a request waits for that would hold the
+    worker's GIL: in a thread, each of its steps in Python waits for the event loop and makes
+    the loop wait (bench/gil_convoy.py); here it runs beside the loop.
+
+    ``make(*args)`` runs in each child once, and returns the function its calls run (it
+    opens what they share: a database connection). A child that dies fails the call it had
+    (``ChildUnavailable``: run it elsewhere) and is spawned again by the next; a child ends
+    when the process that spawned it closes its pipe (``close``, or any exit)."""
+
+    def __init__(
+        self, processes: int, make: Callable[..., Callable[..., T]], *args: Any, name: str
+    ) -> None:
+        self._make, self._args, self._name = make, args, name
+        self._context = multiprocessing.get_context("spawn")
+        # Each child is a slot: (its process, our end of its pipe), or None until spawned.
+        self._idle: queue.SimpleQueue[tuple[BaseProcess, Connection] | None] = (
+            queue.SimpleQueue())
+        self._slots = processes
+        self._children: set[tuple[BaseProcess, Connection]] = set()
+        self._lock = threading.Lock()
+        for _ in range(processes):
+            self._idle.put(None)
+
+    def start(self) -> None:
+        """Spawn every child now (their modules load meanwhile), rather than on first use.
+        Raises NoChild when none can be started here."""
+        slots = [self._idle.get() for _ in range(self._slots)]
+        try:
+            for n, slot in enumerate(slots):
+                slots[n] = slot or self._spawn()
+        finally:
+            for slot in slots:
+                self._idle.put(slot)
+
+    def call(self, *args: Any) -> T:
+        """``fn(*args)`` in an idle child (waiting for one), ``fn`` being what ``make`` gave.
+        Its exception is raised here. Raises ChildUnavailable when the child died, NoChild
+        when none can be started."""
+        slot = self._idle.get()
+        try:
+            if slot is None:
+                slot = self._spawn()
+            _, pipe = slot
+            try:
+                pipe.send(args)
+                ok, out = pipe.recv()
+            except (EOFError, OSError) as exc:
+                self._retire(slot)
+                slot = None
+                raise ChildUnavailable(f"{self._name} process died") from exc
+        finally:
+            self._idle.put(slot)
+        if not ok:
+            raise out
+        return out  # type: ignore[no-any-return]
+
+    def pids(self) -> list[int]:
+        """The children's process ids (the ones alive or not yet found dead)."""
+        with self._lock:
+            return [p.pid for p, _ in self._children if p.pid is not None]
+
+    def close(self) -> None:
+        """End every child: each reads the end of its pipe once its call is done. Call it
+        when no call is under way; a later call spawns a child again."""
+        slots = [self._idle.get() for _ in range(self._slots)]
+        with self._lock:
+            children, self._children = self._children, set()
+        for _ in slots:
+            self._idle.put(None)
+        for process, pipe in children:
+            pipe.close()
+            process.join(CLOSE_WAIT_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+    def _spawn(self) -> tuple[BaseProcess, Connection]:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(
+            target=_serve, args=(theirs, self._name, self._make, self._args),
+            name=self._name, daemon=True)
+        try:
+            process.start()
+        except (OSError, ImportError, NotImplementedError, RuntimeError) as exc:
+            ours.close()
+            raise NoChild(f"no {self._name} process: {exc}") from exc
+        finally:
+            theirs.close()
+        slot = (process, ours)
+        with self._lock:
+            self._children.add(slot)
+        return slot
+
+    def _retire(self, slot: tuple[BaseProcess, Connection]) -> None:
+        process, pipe = slot
+        with self._lock:
+            self._children.discard(slot)
+        pipe.close()
+        if process.is_alive():
+            process.kill()
+        process.join()
+
+
+CLOSE_WAIT_S = 5.0
+
+
+def _serve(pipe: Connection, name: str, make: Callable[..., Callable[..., Any]],
+           args: tuple[Any, ...]) -> None:
+    """A ``Served`` child: the calls off its pipe until the pipe ends."""
+    # The worker's stop (SIGTERM, Ctrl-C to the group) ends the child through its pipe, once
+    # the worker is done with it, not by an interrupt in the middle of a call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name_os_thread(name)
+    fn = make(*args)
+    while True:
+        try:
+            call = pipe.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[bool, Any] = (True, fn(*call))
+        except Exception as exc:
+            reply = (False, exc)
+        try:
+            pipe.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            pipe.send((False, RuntimeError(f"{name}: unpicklable reply: {exc!r}")))
+        except (EOFError, OSError):
+            return

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import functools
 import hashlib
+import logging
 import math
 import re
 import sqlite3
@@ -28,6 +29,7 @@ import orjson
 from cachetools import LRUCache
 
 from config.files import WriteLock, private_file, wal
+from memory.cpu import ChildUnavailable, NoChild, Served
 from memory.lanes import Lane
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
@@ -35,6 +37,8 @@ from memory.vectors import Match, VectorIndex, VectorRow
 from memory.words import terms
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
+
+log = logging.getLogger("ctxproxy.memory")
 
 T = TypeVar("T")
 
@@ -290,8 +294,13 @@ _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NO
 class SqliteStore:
     """Memory records in one SQLite file (``CTXPROXY_DATA_DIR/memory.sqlite3``)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, processes: bool = False) -> None:
         self.path = Path(path)
+        # Searches in processes of their own (``processes``): in the search threads, their
+        # Python (the rerank, the rows read) held the worker's GIL against its event loop.
+        self._served: Served[builtins.list[Hit]] | None = (
+            Served(SEARCHERS, _searcher, str(self.path), name="ctxproxy-search")
+            if processes else None)
         self._conn: sqlite3.Connection | None = None
         self._executor: Lane | None = None
         # Reads (search, list, get, stored) on connections of their own, one per reader
@@ -323,6 +332,12 @@ class SqliteStore:
         except StoreError:
             await self.close()
             raise
+        if self._served is not None:
+            try:
+                await asyncio.to_thread(self._served.start)
+            except NoChild as exc:
+                self._served = None
+                log.warning("memory searches in threads of the worker: %s", exc)
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -349,14 +364,7 @@ class SqliteStore:
         """This reader thread's connection, opened on its first read (after the migrations)."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(
-                self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
-                check_same_thread=False,
-            )
-            conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-            conn.execute("PRAGMA query_only=1")
-            conn.create_function("ctxproxy_scope_token", 4, scope_token, deterministic=True)
-            self._local.conn = conn
+            conn = self._local.conn = _read_only(self.path)
             self._reader_conns.append(conn)
         return conn
 
@@ -370,6 +378,8 @@ class SqliteStore:
         for reader in self._reader_conns:
             reader.close()
         self._reader_conns.clear()
+        if self._served is not None:
+            await asyncio.to_thread(self._served.close)
         if executor is None:
             return
         # After the writes still queued (a lane serves by due time, not arrival).
@@ -503,42 +513,16 @@ class SqliteStore:
     def _search(
         self, scope: Scope, words: list[str], types: list[str], limit: int, now: float
     ) -> list[Hit]:
-        db = self._db()
-        token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
-        within = _within(token)
-        total = int(db.execute("SELECT max(id) FROM memories").fetchone()[0] or 0)
-
-        def count(some: Sequence[str], cap: int) -> builtins.list[int]:
-            return self._matches.counts(
-                token, some, cap, lambda missing: _counts(db, missing, cap, within), now)
-
-        counted = _rarest(count, words)
-        if not counted:
-            return []  # no word of the query is in any memory of the scope
-        df = [n for n, _ in counted]
-        idf = [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) for n in df]
-        sql, params = _candidates_sql(
-            [_phrase(w) for _, w in counted], idf, bound(df, BUDGET), within
-        )
-        params.update(service=scope.service_id, team=scope.team_id, agent=scope.agent_id,
-                      user=scope.user, now=now, limit=max(limit, _RERANK),
-                      **{f"type{i}": t for i, t in enumerate(types)})
-        sql = sql.replace(":types", ", ".join(f":type{i}" for i in range(len(types))))
-        ranked = sorted(_json_rows(db, sql, params, "matched, score, updated, memory_id, id, "
-                                                    "words"), reverse=True)
-        if not ranked:
-            return []
-        marks = ", ".join("?" * len(ranked))
-        rows = {
-            row[0]: _memory(row[1:])
-            for row in _json_rows(
-                db, f"SELECT m.id, {_M_COLUMNS} FROM memories m WHERE m.id IN ({marks})",
-                [r[4] for r in ranked], "id, " + _COLUMNS,
-            )
-        }
-        found = [(rows[r[4]], {int(w) for w in str(r[5]).split(",")})
-                 for r in ranked if r[4] in rows]
-        return _rerank(found, [w for _, w in counted], idf)[:limit]
+        served = self._served
+        if served is not None:
+            try:
+                return served.call(scope, words, types, limit, now)
+            except NoChild as exc:  # this machine cannot start one: do not try every search
+                self._served = None
+                log.warning("memory searches in threads of the worker: %s", exc)
+            except ChildUnavailable as exc:  # it died: this search here, the next in another
+                log.warning("a memory search ran in a thread of the worker: %s", exc)
+        return _search_in(self._db(), self._matches, scope, words, types, limit, now)
 
     async def list(
         self,
@@ -801,6 +785,63 @@ def _statements(script: str) -> list[str]:
     if buffer.strip():
         out.append(buffer.strip())
     return out
+
+
+def _read_only(path: Path | str) -> sqlite3.Connection:
+    """A reader's connection (a thread's, or a search process's)."""
+    conn = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
+                           check_same_thread=False)
+    conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+    conn.execute("PRAGMA query_only=1")
+    conn.create_function("ctxproxy_scope_token", 4, scope_token, deterministic=True)
+    return conn
+
+
+def _searcher(path: str) -> Callable[..., builtins.list[Hit]]:
+    """What a search process runs (``Served``): searches on a connection of its own."""
+    return functools.partial(_search_in, _read_only(path), MatchCounts())
+
+
+def _search_in(
+    db: sqlite3.Connection, matches: MatchCounts, scope: Scope, words: Sequence[str],
+    types: Sequence[str], limit: int, now: float,
+) -> builtins.list[Hit]:
+    """``SqliteStore.search`` on the connection ``db`` (``matches``: its counts' cache)."""
+    token = scope_token(scope.service_id, scope.team_id, scope.agent_id, scope.user)
+    within = _within(token)
+    total = int(db.execute("SELECT max(id) FROM memories").fetchone()[0] or 0)
+
+    def count(some: Sequence[str], cap: int) -> builtins.list[int]:
+        return matches.counts(
+            token, some, cap, lambda missing: _counts(db, missing, cap, within), now)
+
+    counted = _rarest(count, words)
+    if not counted:
+        return []  # no word of the query is in any memory of the scope
+    df = [n for n, _ in counted]
+    idf = [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) for n in df]
+    sql, params = _candidates_sql(
+        [_phrase(w) for _, w in counted], idf, bound(df, BUDGET), within
+    )
+    params.update(service=scope.service_id, team=scope.team_id, agent=scope.agent_id,
+                  user=scope.user, now=now, limit=max(limit, _RERANK),
+                  **{f"type{i}": t for i, t in enumerate(types)})
+    sql = sql.replace(":types", ", ".join(f":type{i}" for i in range(len(types))))
+    ranked = sorted(_json_rows(db, sql, params, "matched, score, updated, memory_id, id, "
+                                                "words"), reverse=True)
+    if not ranked:
+        return []
+    marks = ", ".join("?" * len(ranked))
+    rows = {
+        row[0]: _memory(row[1:])
+        for row in _json_rows(
+            db, f"SELECT m.id, {_M_COLUMNS} FROM memories m WHERE m.id IN ({marks})",
+            [r[4] for r in ranked], "id, " + _COLUMNS,
+        )
+    }
+    found = [(rows[r[4]], {int(w) for w in str(r[5]).split(",")})
+             for r in ranked if r[4] in rows]
+    return _rerank(found, [w for _, w in counted], idf)[:limit]
 
 
 def _rarest(

@@ -105,7 +105,7 @@ def _count_embedded(counter: Counter) -> Callable[[int, int], None]:
 async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     health = Health(lambda: metrics.degraded.labels("memory").inc())
-    store = make_store(settings)
+    store = make_store(settings, serving=True)
     reopen: asyncio.Task[None] | None = None
     try:
         await store.open()
