@@ -230,8 +230,9 @@ class Served(Generic[T]):
             self._idle.put(None)
 
     def start(self) -> None:
-        """Spawn every child now (their modules load meanwhile), rather than on first use.
-        Raises NoChild when none can be started here."""
+        """Spawn every child now and wait until each is ready, rather than on first use.
+        Raises NoChild when none can be started here, ChildUnavailable when one died
+        starting (the next call tries again)."""
         slots = [self._idle.get() for _ in range(self._slots)]
         try:
             for n, slot in enumerate(slots):
@@ -295,6 +296,14 @@ class Served(Generic[T]):
         finally:
             theirs.close()
         slot = (process, ours)
+        # Ready once its modules are loaded and ``make`` has run: a call never waits for that.
+        try:
+            if not ours.poll(START_WAIT_S):
+                raise EOFError(f"not ready in {START_WAIT_S:g} s")
+            ours.recv()
+        except (EOFError, OSError) as exc:
+            self._retire(slot)
+            raise ChildUnavailable(f"{self._name} process did not start: {exc}") from exc
         with self._lock:
             self._children.add(slot)
         return slot
@@ -309,6 +318,7 @@ class Served(Generic[T]):
         process.join()
 
 
+START_WAIT_S = 30.0
 CLOSE_WAIT_S = 5.0
 
 
@@ -321,6 +331,7 @@ def _serve(pipe: Connection, name: str, make: Callable[..., Callable[..., Any]],
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     name_os_thread(name)
     fn = make(*args)
+    pipe.send(None)  # ready
     while True:
         try:
             call = pipe.recv()

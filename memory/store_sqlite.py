@@ -338,6 +338,8 @@ class SqliteStore:
             except NoChild as exc:
                 self._served = None
                 log.warning("memory searches in threads of the worker: %s", exc)
+            except ChildUnavailable as exc:  # searches try again, and meanwhile run here
+                log.warning("memory search process: %s", exc)
 
     def _connect(self) -> sqlite3.Connection:
         try:

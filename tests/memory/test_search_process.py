@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.cpu import Served
+from memory.cpu import ChildUnavailable, Served
 from memory.model import Memory, Scope, StoreError
 from memory.store_sqlite import SqliteStore
 from tests.ledger.test_counting_process import alive, ended
@@ -141,5 +141,21 @@ def test_a_served_call_raises_its_exception_here_and_an_unpicklable_reply_says_s
             served.call("lambda")
         with pytest.raises(ValueError, match="bad value"):  # the process still serves
             served.call("value")
+    finally:
+        served.close()
+
+
+def _broken(_: str) -> object:
+    raise OSError("no such database")
+
+
+def test_a_process_that_cannot_start_says_so_and_each_call_tries_again() -> None:
+    served: Served[object] = Served(1, _broken, "x", name="ctxproxy-test")  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ChildUnavailable, match="did not start"):
+            served.start()
+        with pytest.raises(ChildUnavailable, match="did not start"):
+            served.call("value")
+        assert served.pids() == []
     finally:
         served.close()
