@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
@@ -20,8 +21,12 @@ def private_file(path: Path) -> None:
     empty file when missing; an existing file (and SQLite's files beside it) is tightened
     to 0600. Raises OSError."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
-    os.close(fd)
+    # An existing file is never opened here: closing any descriptor of a file drops every
+    # POSIX lock this process holds on it, SQLite's included, and another process (a
+    # worker, a search process) would then take itself for the file's only user: it
+    # checkpoints and deletes the WAL under this process's connections.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600))
     for each in (path, *(path.with_name(path.name + s) for s in _SIDECARS)):
         try:
             mode = stat.S_IMODE(each.stat().st_mode)

@@ -7,6 +7,8 @@ import fcntl
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +67,28 @@ async def test_two_stores_on_one_file_converge_on_one_record_per_key(tmp_path: P
     assert sorted(m.key for m in listed) == sorted(m.key for m in batch)
     await a.close()
     await b.close()
+
+
+async def test_a_second_store_on_the_file_leaves_the_first_ones_locks(tmp_path: Path) -> None:
+    """Closing any descriptor of a file drops this process's POSIX locks on it, SQLite's too:
+    opening the second store must not, or another process's connection, taking itself for
+    the last, checkpoints and deletes the WAL under the first (seen as "file is not a
+    database" in bench.recall once the searches had processes of their own)."""
+    path = tmp_path / "memory.sqlite3"
+    first = SqliteStore(path)
+    await first.open()
+    await first.upsert([mem("before")])
+    second = SqliteStore(path)
+    await second.open()
+    await second.close()
+    other_process = (f"import sqlite3; db = sqlite3.connect({str(path)!r}); "
+                     "db.execute('SELECT count(*) FROM memories'); db.close()")
+    subprocess.run([sys.executable, "-c", other_process], check=True)
+
+    assert path.with_name(path.name + "-wal").exists()
+    await first.upsert([mem("after")])
+    assert sorted(m.key for m in await first.list(SCOPE)) == ["after", "before"]
+    await first.close()
 
 
 async def test_quick_reads_do_not_queue_behind_searches(
