@@ -35,11 +35,13 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
+from injectors import tokens
+from injectors.redact import redact
 from memory.lanes import Lane, name_os_thread
 
 __all__ = [
     "SMALL", "THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool", "Served",
-    "sized",
+    "sized", "warm",
 ]
 
 log = logging.getLogger("ctxproxy.memory")
@@ -107,10 +109,10 @@ class Pool:
                 log.warning("memory background work in a thread of the worker: %s", exc)
         return await asyncio.get_running_loop().run_in_executor(self._background, call)
 
-    def start(self) -> None:
-        """The child now, its modules loading, rather than on the first episode."""
+    async def start(self) -> None:
+        """The child now, and ready (``Child.start``), rather than on the first episode."""
         if self._child is not None:
-            self._child.start()
+            await self._child.start()
 
     def close(self) -> None:
         """Stop taking work; what runs finishes on its own (the side's tasks are gone)."""
@@ -147,10 +149,18 @@ class Child:
     def __init__(self) -> None:
         self._executor: ProcessPoolExecutor | None = None
 
-    def start(self) -> None:
-        """Spawn the child now (a failure is left for the first call to find)."""
-        with contextlib.suppress(ChildUnavailable):
-            self._submit(_warm)
+    async def start(self) -> None:
+        """Spawn the child now and wait, up to START_WAIT_S, until its modules and the
+        tokenizer are loaded: a child spawned on the first turns after a start took 0.5-2.2 s
+        before its first episodes, by which time bench.recall's sessions had asked for them
+        (and a restart's burst of sessions filled the write queue). A failure is left for the
+        first call to find."""
+        try:
+            started = self._submit(warm)
+        except ChildUnavailable:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.wrap_future(started), START_WAIT_S)
 
     async def run(self, call: Callable[[], T]) -> T:
         future = self._submit(call)
@@ -191,10 +201,14 @@ def _start_child(parent: int) -> None:
                      daemon=True).start()
 
 
-def _warm() -> None:
-    """What the background's calls need, imported before the first of them."""
+def warm() -> None:
+    """Load what the memory side's first calls would otherwise load (in the child, and in
+    the worker for its threads): the modules, the redaction patterns (about 0.2 s to
+    compile) and the tokenizer (most of a second)."""
     importlib.import_module("memory.ingest")
     importlib.import_module("memory.distill")
+    redact("")
+    tokens.encoding_name()
 
 
 def _end_with(parent: int) -> None:

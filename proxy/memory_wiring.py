@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from injectors import memory_blocks, tokens
+from memory import cpu
 from memory.cpu import Pool
 from memory.distill import Distiller
 from memory.embed import embedder_from
@@ -159,10 +160,10 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         recall_modes=metrics.recall_modes,
         forwarded_whole=metrics.forwarded_whole,
     )
-    # The tokenizer loads in most of a second: now, off the loop, not on the first turn; so
-    # does the child process for the background work.
-    pool.start()
-    await asyncio.to_thread(tokens.encoding_name)
+    # The tokenizer and the redaction patterns load in about a second: now, off the loop,
+    # not on the first turn; meanwhile the child process for the background work starts
+    # and loads them too.
+    await asyncio.gather(pool.start(), asyncio.to_thread(cpu.warm))
     queue.start()
     distiller.start()
     if indexer is not None:

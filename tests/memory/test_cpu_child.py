@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from injectors import redact as redact_module
+from injectors import tokens
 from memory import cpu, distill
 from memory.cpu import Child, Pool
 from memory.model import Memory
@@ -142,6 +144,22 @@ async def test_distillations_work_runs_in_the_child_as_in_a_thread(
     assert decide()[0]  # and at threshold 0 a semantic memory
 
 
+def _loaded() -> tuple[int, bool]:
+    """In the child: whether the redaction patterns are compiled and the tokenizer loaded."""
+    return redact_module._looser.cache_info().currsize, tokens._loaded is not None
+
+
+async def test_a_started_child_has_loaded_what_its_first_episode_needs() -> None:
+    """Spawned on the first turns instead, it stored their episodes 0.5-2.2 s late: after
+    bench.recall's sessions had asked for them."""
+    pool = Pool(process=True)
+    await pool.start()
+    try:
+        assert await pool.background(_loaded) == (1, True)
+    finally:
+        pool.close()
+
+
 class NoFork(ProcessPoolExecutor):
     """As at a process limit: the child cannot be spawned."""
 
@@ -154,7 +172,7 @@ async def test_where_no_child_can_start_the_work_runs_in_a_thread_and_it_is_not_
 ) -> None:
     monkeypatch.setattr(cpu, "ProcessPoolExecutor", NoFork)
     pool = Pool(process=True)
-    pool.start()
+    await pool.start()
     try:
         for n in range(3):
             assert await pool.background(operator.add, n, 1) == n + 1
