@@ -56,7 +56,8 @@ from proxy.assemble import build_app
 from request import Exchange, Step
 
 SECTION = "## Memory recall"
-BEGIN, END = "<!-- recall:begin (appended by bench/recall.py) -->", "<!-- recall:end -->"
+BEGIN, END = "<!-- recall:begin (written by bench/recall.py) -->", "<!-- recall:end -->"
+STORES = ("sqlite", "postgres")
 
 SERVICE, TEAM, AGENT, USER_KEY = "bench", "bench-team", "bench-agent", "bench-user-key"
 SCOPE = Scope(SERVICE, TEAM, AGENT, user_ref(USER_KEY))
@@ -615,8 +616,9 @@ def report(rows: Sequence[Row], args: argparse.Namespace) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.recall", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stores", default="sqlite,postgres",
-                        help="comma-separated: sqlite, postgres")
+    parser.add_argument("--stores", default=",".join(STORES),
+                        help="comma-separated: sqlite, postgres (with only one, nothing is "
+                             "written to RESULTS.md)")
     parser.add_argument("--sizes", default="10000,100000", help="background memories")
     parser.add_argument("--pg-url", default=os.environ.get("CTXPROXY_TEST_PG_URL"),
                         help="PostgreSQL server to create a scratch schema in")
@@ -635,6 +637,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.sizes, args.sessions, args.queries = "2000,10000", 6, 40
     args.sizes = [int(s) for s in str(args.sizes).split(",")]
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    # The block holds one run of every store: a run of some would drop the others' rows.
+    args.partial = not args.no_write and sorted(args.stores) != sorted(STORES)
+    args.no_write = args.no_write or args.partial
     if args.turns < 2 * args.facts + 7:
         parser.error("--turns must leave the window (5 turns) between statements and asks")
     return args
@@ -648,6 +653,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
             rows += await run_store(name, args, Path(tmp))
     text = report(rows, args)
     print(text)
+    if args.partial:
+        print(f"\nnot written to {RESULTS}: its block holds a run of every store")
     if not args.no_write:
         write_results(text)
         print(f"\nwritten to {RESULTS}")
