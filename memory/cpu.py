@@ -150,11 +150,10 @@ class Child:
         self._executor: ProcessPoolExecutor | None = None
 
     async def start(self) -> None:
-        """Spawn the child now and wait, up to START_WAIT_S, until its modules and the
-        tokenizer are loaded: a child spawned on the first turns after a start took 0.5-2.2 s
-        before its first episodes, by which time bench.recall's sessions had asked for them
-        (and a restart's burst of sessions filled the write queue). A failure is left for the
-        first call to find."""
+        """Spawn the child now and wait, up to START_WAIT_S, until it is ``warm``: spawned on
+        the first turns after a start, it took 0.5-2.2 s over their episodes, by which time
+        bench.recall's sessions had asked for them. A failure is left for the first call to
+        find."""
         try:
             started = self._submit(warm)
         except ChildUnavailable:

@@ -13,8 +13,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from injectors import memory_blocks, tokens
-from memory import cpu
-from memory.cpu import Pool
+from memory.cpu import Pool, warm
 from memory.distill import Distiller
 from memory.embed import embedder_from
 from memory.health import Health
@@ -163,7 +162,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     # The tokenizer and the redaction patterns load in about a second: now, off the loop,
     # not on the first turn; meanwhile the child process for the background work starts
     # and loads them too.
-    await asyncio.gather(pool.start(), asyncio.to_thread(cpu.warm))
+    await asyncio.gather(pool.start(), asyncio.to_thread(warm))
     queue.start()
     distiller.start()
     if indexer is not None:
