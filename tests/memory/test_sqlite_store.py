@@ -70,10 +70,10 @@ async def test_two_stores_on_one_file_converge_on_one_record_per_key(tmp_path: P
 
 
 async def test_a_second_store_on_the_file_leaves_the_first_ones_locks(tmp_path: Path) -> None:
-    """Closing any descriptor of a file drops this process's POSIX locks on it, SQLite's too:
-    opening the second store must not, or another process's connection, taking itself for
-    the last, checkpoints and deletes the WAL under the first (seen as "file is not a
-    database" in bench.recall once the searches had processes of their own)."""
+    """Closing any descriptor of a file drops this process's POSIX locks on it, SQLite's too,
+    so opening the second store must not close one. Else another process's connection takes
+    itself for the file's last and deletes the WAL under the first store (seen as "file is
+    not a database" in bench.recall once the searches had processes of their own)."""
     path = tmp_path / "memory.sqlite3"
     first = SqliteStore(path)
     await first.open()
