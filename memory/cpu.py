@@ -35,7 +35,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from injectors import tokens
 from injectors.redact import redact
 from memory.lanes import Lane, name_os_thread
 
@@ -201,13 +200,12 @@ def _start_child(parent: int) -> None:
 
 
 def warm() -> None:
-    """Load what the memory side's first calls would otherwise load (in the child, and in
-    the worker for its threads): the modules, the redaction patterns (about 0.2 s to
-    compile) and the tokenizer (most of a second)."""
+    """Load what the background work (episodes, distillation's parsing) would load on its
+    first call: the modules and the redaction patterns (about 0.2 s to compile). Not the
+    tokenizer: that work counts no tokens, and it would take about 50 MiB more a child."""
     importlib.import_module("memory.ingest")
     importlib.import_module("memory.distill")
     redact("")
-    tokens.encoding_name()
 
 
 def _end_with(parent: int) -> None:

@@ -161,8 +161,9 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     # The tokenizer and the redaction patterns load in about a second: now, off the loop,
     # not on the first turn; meanwhile the child process for the background work starts
-    # and loads them too.
-    await asyncio.gather(pool.start(), asyncio.to_thread(warm))
+    # and loads what it needs (cpu.warm).
+    await asyncio.gather(pool.start(), asyncio.to_thread(warm),
+                         asyncio.to_thread(tokens.encoding_name))
     queue.start()
     distiller.start()
     if indexer is not None:
