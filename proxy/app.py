@@ -26,7 +26,7 @@ from proxy.headers import request_headers, response_headers
 from proxy.metrics import Metrics, combine, sample_loop_lag
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
-from proxy.upstream import Upstream
+from proxy.upstream import Idle, Upstream
 from proxy.workers import Peers
 from request import Exchange, NotAResponsesRequest, Notes, Step
 from window.step import WindowStep
@@ -486,6 +486,7 @@ async def relay(
         )
         await response.prepare(request)
         first = True
+        idle = Idle(upstream_response, upstream.read_timeout_s)
         try:
             async for chunk in upstream_response.content.iter_any():
                 if first:
@@ -493,10 +494,12 @@ async def relay(
                     ttfb = time.perf_counter() - start
                     info.ttfb_ms = round(ttfb * 1000, 2)
                     app[METRICS].ttfb.observe(ttfb)
+                idle.writing()
                 try:
                     await response.write(chunk)
                 except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError
                     raise ClientClosed from exc  # a ClientError too: not the upstream's
+                idle.moved()
                 if tap is not None:
                     tap.feed(chunk)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -507,6 +510,8 @@ async def relay(
             if request.transport is not None:
                 request.transport.close()
             return response
+        finally:
+            idle.cancel()
         await response.write_eof()
         completed = True
         app[METRICS].upstream.observe(time.perf_counter() - start)
