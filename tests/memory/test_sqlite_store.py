@@ -184,8 +184,8 @@ async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_pat
     # A search weighs candidates by their length: the stored count follows the text.
     path = tmp_path / "memory.sqlite3"
     old = SqliteStore(path)
-    with pytest.MonkeyPatch.context() as m:  # a store from before the column
-        m.setattr("memory.store_sqlite.MIGRATIONS", MIGRATIONS[:-1])
+    with pytest.MonkeyPatch.context() as m:  # a store from before the column (version 6)
+        m.setattr("memory.store_sqlite.MIGRATIONS", [m for m in MIGRATIONS if m[0] < 6])
         await old.open()
         await old.upsert([mem("before", "written before the column: ünïcode")])
         await old.close()
@@ -282,3 +282,48 @@ def test_match_counts_are_kept_for_their_ttl_and_only_what_is_missing_is_counted
     counts.counts("s", ["deploy", "script"], 126, count, now=130.5)
     counts.counts("s", ["script"], 126, count, now=50.0)
     assert counted[4:] == [["deploy"], ["script"]]
+
+
+async def test_a_store_from_before_the_index_without_positions_finds_the_same(
+    tmp_path: Path,
+) -> None:
+    # Version 7 rebuilds the full-text index without positions: what a search found before
+    # it finds after, and the records written since are found too.
+    path = tmp_path / "memory.sqlite3"
+    old = SqliteStore(path)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 7])
+        await old.open()
+        await old.upsert([mem("port", "the database port is 5433"),
+                          mem("other", "the cache is warm")])
+        before = [h.memory.key for h in await old.search(SCOPE, "database port")]
+        await old.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert [h.memory.key for h in await store.search(SCOPE, "database port")] == before
+        await store.upsert([mem("new", "the database moved to port 6000")])
+        assert {h.memory.key for h in await store.search(SCOPE, "database port")} == {
+            "port", "new"}
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memories_fts'").fetchone()
+    assert "detail='column'" in sql[0]
+
+
+async def test_words_the_index_splits_or_drops_are_searched_as_it_indexed_them(
+    tmp_path: Path,
+) -> None:
+    # U+19B0 is a letter to Python and a separator to SQLite's Unicode 6.1 tables: the index
+    # holds "ab" and "cd", and without positions it cannot match them as a phrase.
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    try:
+        await store.upsert([mem("split", "deploy ab\u19b0cd today"), mem("plain", "deploy later")])
+        assert [h.memory.key for h in await store.search(SCOPE, "ab\u19b0cd")] == ["split"]
+        assert await store.search(SCOPE, "\u19b0\u19b1") == []  # no token of the index's
+        assert {h.memory.key for h in await store.search(SCOPE, "deploy \u19b0")} == {
+            "split", "plain"}
+    finally:
+        await store.close()
