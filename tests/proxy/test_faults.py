@@ -189,6 +189,30 @@ async def test_slow_first_byte_and_slow_stream_within_the_timeout_pass(
     assert body == b"".join(chunks)
 
 
+async def test_a_client_slower_than_the_read_timeout_is_not_a_silent_upstream(
+        upstream: FakeUpstream, start_proxy: ProxyFactory) -> None:
+    # The upstream sends 16 MB at once; the client reads nothing for three read timeouts, so
+    # the proxy's writes wait on it while the upstream has long finished. The read timeout is
+    # the upstream's silence, not the client's: the answer arrives whole.
+    chunk = bytes(range(256)) * 256  # 64 KiB
+
+    async def big(request: web.Request, rec: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        for _ in range(256):
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    upstream.then(big)
+    proxy = await start_proxy(upstream_read_timeout_s=0.3)
+    async with aiohttp.ClientSession() as s, s.get(
+            proxy.url + "/v1/files/f/content", headers=codex.headers()) as r:
+        await asyncio.sleep(1.0)
+        body = await asyncio.wait_for(r.read(), GUARD_S)
+    assert r.status == 200
+    assert body == chunk * 256
+
+
 async def test_errors_on_other_routes_pass_through_too(upstream: FakeUpstream,
                                                       start_proxy: ProxyFactory) -> None:
     upstream.then_error(503, {"error": {"message": "models down"}}, {"retry-after": "5"})
