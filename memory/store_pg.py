@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -353,21 +352,19 @@ class PostgresStore:
 
     @asynccontextmanager
     async def _conn(
-        self, *, atomic: bool = False, pipeline: bool = False
+        self, *, atomic: bool = False
     ) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
         """A pooled connection, its statements each committed on its own, or with ``atomic``
-        all in one transaction; driver errors become StoreError. With ``pipeline`` a statement
-        goes out with the next whose result is awaited (the transaction's BEGIN with the
-        first, its COMMIT at the end): one round trip a result, not one a statement."""
+        all in one transaction; driver errors become StoreError."""
         if self._pool is None:
             raise StoreError("postgres: the memory store is not open")
         try:
-            async with self._pool.connection() as conn, contextlib.AsyncExitStack() as inside:
-                if pipeline:
-                    await inside.enter_async_context(conn.pipeline())
+            async with self._pool.connection() as conn:
                 if atomic:
-                    await inside.enter_async_context(conn.transaction())
-                yield conn
+                    async with conn.transaction():
+                        yield conn
+                else:
+                    yield conn
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"postgres: {exc}") from exc
 
@@ -436,9 +433,7 @@ class PostgresStore:
     ) -> list[Hit]:
         if not query.strip() or not types or limit <= 0:
             return []
-        # SET LOCAL ends with the transaction. In a pipeline: BEGIN goes with the lexemes'
-        # statement, SET LOCAL with the next, COMMIT alone (4 round trips, 6 before).
-        async with self._conn(atomic=True, pipeline=True) as conn:
+        async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
             cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
             lexemes = [str(row[0]) for row in await cur.fetchall()]
             if not lexemes:
