@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     )
     upstream_connect_timeout_s: float = Field(10.0, gt=0, description="Upstream connect timeout.")
     upstream_read_timeout_s: float = Field(
-        900.0, gt=0, description="Longest wait between upstream bytes (models think long)."
+        900.0, gt=0,
+        description="Longest wait for the upstream's answer to begin, then between its bytes.",
     )
     max_body_mb: float = Field(32.0, gt=0, description="Largest request body accepted, in MiB.")
     workers: int = Field(
