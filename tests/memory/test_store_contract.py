@@ -261,6 +261,19 @@ async def test_search_with_odd_queries_never_fails(store: Store, query: str) -> 
     assert len(await store.list(SCOPE, now=T0)) == 1
 
 
+async def test_words_with_quotes_and_backslashes_are_found_as_written(store: Store) -> None:
+    # PostgreSQL's search binds its lexemes client-side (one message a statement): what the
+    # text holds, quotes, a backslash, a percent sign, SQL's own words, must come back.
+    await store.upsert([
+        mem("o'brien's patch: C:\\temp\\dir at 100% -- ; DROP TABLE memories; $$x$$", "odd"),
+        mem("nothing alike here", "other"),
+    ])
+
+    for question in ("o'brien's patch", "C:\\temp\\dir 100%", "DROP TABLE memories $$x$$"):
+        assert [h.memory.key for h in await store.search(SCOPE, question, now=T0)] == ["odd"]
+    assert len(await store.list(SCOPE, now=T0)) == 2
+
+
 # --- list --------------------------------------------------------------------------------
 
 
