@@ -280,25 +280,6 @@ class _IdleCheck:
         self._returned[conn] = time.monotonic()
 
 
-async def _indexed(
-    conn: psycopg.AsyncConnection[TupleRow], query: str, params: Mapping[str, Any]
-) -> list[TupleRow]:
-    """``query``'s rows, read through the indexes, in one round trip.
-
-    The planner costs a tsvector match as next to free and would rather read the whole table
-    than the GIN index, while every set a search reads is small by construction: the query
-    runs with sequential scans off, in a transaction of its own (SET LOCAL: nothing is left
-    set on a connection another statement, or a pooler's other client, takes next). Its
-    values are bound here, not by the server, so that the transaction's statements go as one
-    message (each round trip waits for the event loop, which under load has a lag), and the
-    planner sees the actual lexemes: no generic plan, a rare lexeme told from a common one."""
-    cur = psycopg.AsyncClientCursor(conn)
-    await cur.execute(f"BEGIN; SET LOCAL enable_seqscan = off; {query}; COMMIT", params)
-    cur.nextset()  # past BEGIN
-    cur.nextset()  # past SET LOCAL
-    return await cur.fetchall()
-
-
 class PostgresStore:
     """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
 
@@ -452,13 +433,16 @@ class PostgresStore:
     ) -> list[Hit]:
         if not query.strip() or not types or limit <= 0:
             return []
-        async with self._conn() as conn:
+        async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
             cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
             lexemes = [str(row[0]) for row in await cur.fetchall()]
             if not lexemes:
                 return []
             stats = await self._statistics(conn)
             rarest = sorted(range(len(lexemes)), key=lambda i: stats.rows(lexemes[i]))
+            # The planner costs a tsvector match as next to free and would rather read the
+            # whole table than the GIN index; every set read here is small by construction.
+            await conn.execute("SET LOCAL enable_seqscan = off")
             # A lexeme no memory holds looks rarest of all to the statistics, and finds
             # nothing: a long prompt's new names and typos would leave the search empty.
             held: list[int] = []
@@ -471,8 +455,8 @@ class PostgresStore:
                 unlisted = [_quote(lexemes[i]) for i in looked if lexemes[i] not in stats.freq]
                 present: set[str] = set()
                 if unlisted:
-                    present = {str(row[0]) for row in await _indexed(
-                        conn, _PRESENT, {"parts": unlisted})}
+                    cur = await conn.execute(_PRESENT, {"parts": unlisted})
+                    present = {str(row[0]) for row in await cur.fetchall()}
                 held += [i for i in looked
                          if lexemes[i] in stats.freq or _quote(lexemes[i]) in present]
                 if len(held) >= MAX_WORDS:
@@ -501,7 +485,12 @@ class PostgresStore:
                 named["recent"] = _RECENT
             union = " UNION ".join(f"SELECT memory_id FROM {name}" for name in named)
             ctes = [*named.values(), f"pool AS ({union})"]
-            rows = await _indexed(conn, f"WITH {', '.join(ctes)} {_RANKED}", params)
+            # Planned with the actual lexemes (no generic plan), so that the planner knows a
+            # rare lexeme from a common one.
+            cur = await conn.execute(
+                f"WITH {', '.join(ctes)} {_RANKED}", params, prepare=False
+            )
+            rows = await cur.fetchall()
         hits = []
         for row in rows:
             score, matched = max(float(row[-2]), 0.0), int(row[-1])
