@@ -269,7 +269,7 @@ _RECENT_SCAN = 2000
 # BM25: matches of rare words count for more, long records for less. Term frequencies are
 # read from the text of the best _RERANK candidates only.
 _K1, _B = 1.2, 0.75
-_RERANK = 40
+_RERANK = 20  # 40 before 2026-12-03: see memory.search.BUDGET
 _TF_CHARS = 2000
 _SUFFIXES = ("ing", "ed", "es", "s", "e")
 _BUSY_TIMEOUT_S = 5.0
