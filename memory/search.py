@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 __all__ = ["BUDGET", "MAX_WORDS", "RECENT", "Bounds", "bound"]
 
-# 500 and 100 since 2026-12-03 (1000 and 200 before): a search's CPU about halved on
-# bench/load.py's store and bench/recall.py's, and recall held (bench/recall.py, both stores;
-# the real agent runs' earlier-task facts, within their spread between runs of the same code;
-# bench/RESULTS.md, Load, seventeenth session).
+# 500 and 100 since 2026-12-03 (1000 and 200 before): a search took a third to a half less
+# time on bench/load.py's store and bench/recall.py's, and recall held (bench/recall.py,
+# both stores; the real agent runs' earlier-task facts, within their spread between runs of
+# the same code; bench/RESULTS.md, Load, seventeenth session).
 BUDGET = 500
 RECENT = 100
 MAX_WORDS = 8  # the rarest words of a long prompt are enough to rank by

@@ -185,7 +185,7 @@ async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_pat
     path = tmp_path / "memory.sqlite3"
     old = SqliteStore(path)
     with pytest.MonkeyPatch.context() as m:  # a store from before the column (version 6)
-        m.setattr("memory.store_sqlite.MIGRATIONS", [m for m in MIGRATIONS if m[0] < 6])
+        m.setattr("memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 6])
         await old.open()
         await old.upsert([mem("before", "written before the column: ünïcode")])
         await old.close()

@@ -262,8 +262,8 @@ async def test_search_with_odd_queries_never_fails(store: Store, query: str) -> 
 
 
 async def test_words_with_quotes_and_backslashes_are_found_as_written(store: Store) -> None:
-    # PostgreSQL's search binds its lexemes client-side (one message a statement): what the
-    # text holds, quotes, a backslash, a percent sign, SQL's own words, must come back.
+    # What the text holds, quotes, a backslash, a percent sign, SQL's own words, comes back
+    # from a search that asks for it, on either store.
     await store.upsert([
         mem("o'brien's patch: C:\\temp\\dir at 100% -- ; DROP TABLE memories; $$x$$", "odd"),
         mem("nothing alike here", "other"),
