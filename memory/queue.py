@@ -10,6 +10,12 @@ job that would pass either bound is refused: counted, reported to the health, an
 by the session's next request, which derives the same writes again. A job whose write fails
 is retried once; only when the retry fails too is it dropped, counted the same way. Nothing
 is dropped silently.
+
+A job may say what it ``covers`` (an ingest job: the complete turns of its history). One not
+started yet is superseded, and does not run, when a later job of its key covers all of it: the
+later one writes the same and more. Behind a backlog (a restart, a store slower than the
+sessions), a session's queued ingest jobs were each a full pass over its history, and the
+store fell further behind (bench/RESULTS.md, Load).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from memory import lanes
 from memory.health import Health
@@ -42,6 +48,9 @@ class _Lane:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     jobs: int = 0
+    # The jobs not started yet that a later job may supersede: what each covers, its bytes.
+    waiting: dict[asyncio.Task[None], tuple[frozenset[Hashable], int]] = field(
+        default_factory=dict)
 
 
 class WriteQueue:
@@ -59,6 +68,7 @@ class WriteQueue:
         max_bytes: int | None = None,
         on_bytes: Callable[[int], None] = lambda n: None,
         on_drop: Callable[[DropReason], None] = lambda reason: None,
+        on_superseded: Callable[[], None] = lambda: None,
         retry_s: float = RETRY_S,
         concurrency: int = CONCURRENCY,
     ) -> None:
@@ -73,32 +83,58 @@ class WriteQueue:
         self._on_depth = on_depth
         self._on_bytes = on_bytes
         self._on_drop = on_drop
+        self._on_superseded = on_superseded
         self._max_bytes = max_bytes
         self._retry_s = retry_s
         self.bytes = 0  # the estimated size of the jobs not done
         self.dropped = 0
+        self.superseded = 0
 
     def start(self) -> None:
         self._started.set()
 
-    def put(self, job: Job, size: int = 0, *, key: Hashable = None) -> bool:
+    def put(self, job: Job, size: int = 0, *, key: Hashable = None,
+            covers: frozenset[Hashable] | None = None) -> bool:
         """Queue ``job`` (about ``size`` bytes; after the jobs of its ``key``); False (the
-        job refused, counted) when it would pass the job bound or the byte budget."""
-        if self._max_bytes is not None and self.bytes + size > self._max_bytes and self._jobs:
+        job refused, counted) when it would pass the job bound or the byte budget. A job
+        that ``covers`` something supersedes its key's jobs not started yet that cover no
+        more (they are cancelled, counted), and is bounded without them."""
+        stale = self._stale(key, covers)
+        others = len(self._jobs) - len(stale)
+        if (self._max_bytes is not None and others
+                and self.bytes - sum(stale.values()) + size > self._max_bytes):
             self._drop("bytes", StoreError("the memory write queue is over its byte budget"))
             return False
-        if len(self._jobs) >= self._size:
+        if others >= self._size:
             self._drop("jobs", StoreError("the memory write queue is full"))
             return False
         lane = self._lanes.setdefault(key, _Lane())
+        for older in stale:
+            del lane.waiting[older]
+            older.cancel()  # its own cleanup frees its place and its bytes
+            self.superseded += 1
+            self._on_superseded()
         lane.jobs += 1
         # Started in the order put: a key's jobs wait on its lock in that order.
-        self._jobs.add(asyncio.create_task(self._one(job, key, lane, size)))
+        task = asyncio.create_task(self._one(job, key, lane, size))
+        self._jobs.add(task)
+        if covers is not None:
+            lane.waiting[task] = (covers, size)
         self._idle.clear()
         self.bytes += size
         self._on_depth(len(self._jobs))
         self._on_bytes(self.bytes)
         return True
+
+    def _stale(self, key: Hashable, covers: frozenset[Hashable] | None) -> dict[
+            asyncio.Task[None], int]:
+        """The jobs of ``key`` not started yet that a job covering ``covers`` supersedes,
+        with their bytes."""
+        lane = self._lanes.get(key)
+        if covers is None or lane is None:
+            return {}
+        return {older: size for older, (covered, size) in lane.waiting.items()
+                if covered <= covers}
 
     def _drop(self, reason: DropReason, exc: StoreError) -> None:
         self.dropped += 1
@@ -128,15 +164,18 @@ class WriteQueue:
     async def _one(self, job: Job, key: Hashable, lane: _Lane, size: int) -> None:
         # No request waits for a queued write: its store work goes after the turns' own.
         lanes.background()
+        task = cast("asyncio.Task[None]", asyncio.current_task())  # this job's, as put
         try:
             await self._started.wait()
             async with lane.lock, self._slots:
+                lane.waiting.pop(task, None)  # started: no later job supersedes it now
                 await self._run(job)
         finally:
+            lane.waiting.pop(task, None)
             lane.jobs -= 1
             if not lane.jobs:
                 del self._lanes[key]
-            self._jobs.discard(asyncio.current_task())
+            self._jobs.discard(task)
             self.bytes -= size
             self._on_depth(len(self._jobs))
             self._on_bytes(self.bytes)

@@ -390,9 +390,11 @@ class MemoryStep:
             _drop(found)
             _drop(reading)
             raise
-        # The job keeps the parsed history alive until it runs: about the request's bytes.
+        # The job keeps the parsed history alive until it runs: about the request's bytes. It
+        # writes the complete turns: a later request's job that has them all stands for it.
         self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
-                        len(ex.raw), key=(scope, session))
+                        len(ex.raw), key=(scope, session),
+                        covers=frozenset(t.key for t in turns if t.complete))
         mode: str | None = None
         recalled: list[Memory] = []
         try:

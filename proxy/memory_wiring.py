@@ -117,6 +117,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         settings.ingest_queue_size, health, metrics.queue_depth.set,
         max_bytes=int(settings.ingest_queue_mb * MIB), on_bytes=metrics.queue_bytes.set,
         on_drop=lambda reason: metrics.queue_dropped.labels(reason).inc(),
+        on_superseded=metrics.queue_superseded.inc,
     )
     pool = Pool(process=settings.memory_process)
     embedder = embedder_from(settings)

@@ -89,6 +89,12 @@ class Metrics:
             "(bytes), or failed twice (failed).",
             ["reason"], registry=r,
         )
+        self.queue_superseded = Counter(
+            "ctxproxy_ingest_queue_superseded",
+            "Memory writes not run because a later one of the same session, queued behind "
+            "them, writes all they would have (nothing lost).",
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "ctxproxy_event_loop_lag_seconds",
             "How late the event loop woke a task that slept a fixed interval: the time every "

@@ -639,3 +639,34 @@ async def test_a_new_sessions_working_memory_is_shown_while_it_is_written(
 
     assert order == [("written", True), ("forwarded", True)]
     assert "Never commit to main." in standing_memory(sent)
+
+
+async def test_a_sessions_writes_queued_behind_a_slow_store_are_done_once_and_lose_nothing(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proxy = await start_proxy(**backend.settings)
+    store = runtime(proxy).store
+    release = asyncio.Event()
+    stored = store.stored
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()  # the store falls behind the session (a restart's backlog)
+        return await stored(*args, **kwargs)
+
+    monkeypatch.setattr(store, "stored", slow)
+    s = Session(proxy, upstream)
+    for n in range(1, 7):
+        await s.say(f"turn {n}: please do step {n}")
+    release.set()
+    await runtime(proxy).queue.join()
+
+    # Each request queued a write of every turn it completed (and each relayed answer one of
+    # its turn); the requests' writes still queued when a later one came were left to it.
+    registry = proxy.app[METRICS].registry
+    assert (registry.get_sample_value("ctxproxy_ingest_queue_superseded_total") or 0) >= 3
+    episodes = await store.list(None, types=["episodic"], limit=100)
+    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5]
+    assert len({m.key for m in episodes}) == 6
+    assert not registry.get_sample_value(
+        "ctxproxy_ingest_queue_dropped_total", {"reason": "jobs"})

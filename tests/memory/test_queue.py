@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from memory.health import Health
 from memory.model import StoreError
-from memory.queue import WriteQueue
+from memory.queue import Job, WriteQueue
 
 
 def queue(size: int = 10) -> tuple[WriteQueue, list[int], list[int]]:
@@ -140,3 +141,79 @@ async def test_close_gives_up_on_jobs_still_running_after_its_timeout() -> None:
     q.start()
     await asyncio.sleep(0)
     await asyncio.wait_for(q.close(timeout_s=0.05), 5)  # returns: the job is cancelled
+
+
+def _recorder(done: list[str]) -> tuple[asyncio.Event, Callable[..., Job]]:
+    gate = asyncio.Event()
+
+    def job(name: str, *, wait: bool = False) -> Job:
+        async def run() -> None:
+            if wait:
+                await gate.wait()
+            done.append(name)
+        return run
+
+    return gate, job
+
+
+async def test_a_later_job_that_covers_the_queued_ones_supersedes_them() -> None:
+    q, failures, depths = queue(size=3)
+    done: list[str] = []
+    gate, job = _recorder(done)
+    q.start()
+    # A session's first write is under way; three more of its requests' writes queue
+    # behind it, each covering the turns of the one before.
+    assert q.put(job("running", wait=True), 10, key="s", covers=frozenset({"t1"}))
+    await asyncio.sleep(0)
+    assert q.put(job("a"), 20, key="s", covers=frozenset({"t1", "t2"}))
+    assert q.put(job("b"), 30, key="s", covers=frozenset({"t1", "t2", "t3"}))
+    # The queue is full (3 jobs), yet the next covering write takes the place of the two it
+    # supersedes rather than being refused.
+    assert q.put(job("c"), 40, key="s", covers=frozenset({"t1", "t2", "t3", "t4"}))
+    gate.set()
+    await q.join()
+    assert done == ["running", "c"]  # the one under way was not stopped
+    assert q.superseded == 2 and q.dropped == 0 and failures == []
+    assert q.bytes == 0 and depths[-1] == 0
+    await q.close()
+
+
+async def test_a_job_is_superseded_only_by_one_that_covers_all_of_it() -> None:
+    q, _, _ = queue()
+    done: list[str] = []
+    gate, job = _recorder(done)
+    q.start()
+    q.put(job("running", wait=True), key="s", covers=frozenset())
+    await asyncio.sleep(0)
+    # After a compaction the history no longer holds t1: the earlier write still must run.
+    q.put(job("before"), key="s", covers=frozenset({"t1", "t2"}))
+    q.put(job("after"), key="s", covers=frozenset({"summary", "t2", "t3"}))
+    # Another session's write, and a write of this one that covers nothing (an answer's, a
+    # TTL refresh): neither supersedes nor is superseded.
+    q.put(job("other"), key="o", covers=frozenset({"t1", "t2", "t3", "summary"}))
+    q.put(job("refresh"), key="s")
+    q.put(job("last"), key="s", covers=frozenset({"summary", "t2", "t3", "t4"}))
+    gate.set()
+    await q.join()
+    assert sorted(done) == ["before", "last", "other", "refresh", "running"]
+    assert done.index("before") < done.index("refresh") < done.index("last")
+    assert q.superseded == 1  # "after", by "last"
+    await q.close()
+
+
+async def test_a_refused_covering_job_supersedes_nothing() -> None:
+    failures: list[int] = []
+    q = WriteQueue(10, Health(lambda: failures.append(1)), max_bytes=100, retry_s=0)
+    done: list[str] = []
+    gate, job = _recorder(done)
+    q.start()
+    q.put(job("running", wait=True), 10, key="s")
+    await asyncio.sleep(0)
+    q.put(job("queued"), 20, key="s", covers=frozenset({"t1"}))
+    # Over the byte budget even without the job it would supersede: refused, and that job
+    # still runs.
+    assert not q.put(job("new"), 95, key="s", covers=frozenset({"t1", "t2"}))
+    gate.set()
+    await q.join()
+    assert done == ["running", "queued"] and q.dropped == 1 and q.superseded == 0
+    await q.close()
