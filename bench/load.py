@@ -721,6 +721,8 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         + "; memory writes refused or failed: " + ", ".join(
             f"{m.get(f'ctxproxy_ingest_queue_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("jobs", "bytes", "failed"))
+        + f" (superseded by a later one of the session: "
+        f"{m.get('ctxproxy_ingest_queue_superseded_total', 0):,.0f})"
         + "; ledger rows dropped: " + ", ".join(
             f"{m.get(f'ctxproxy_ledger_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("full", "failed"))
