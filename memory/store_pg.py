@@ -271,8 +271,13 @@ SEARCHERS = 2  # search processes (and the lane's threads that wait for them) pe
 
 
 class _IdleCheck:
-    """The pool's ``check`` and ``reset`` callbacks: a connection is checked when it is
-    taken after ``after_s`` idle in the pool (or for the first time), else taken as it is."""
+    """The pool's ``check`` callback: a connection is checked when it is taken after
+    ``after_s`` idle (or for the first time), else taken as it is. ``done`` marks its last use.
+
+    Not the pool's ``reset`` callback: with one, psycopg_pool hands every returned connection
+    to its maintenance workers, tasks of the event loop, and under load a connection sat
+    there, neither in use nor in the pool, while the turns' reads queued for one (bench/
+    RESULTS.md, Load)."""
 
     def __init__(self, after_s: float) -> None:
         self._after_s = after_s
@@ -284,7 +289,7 @@ class _IdleCheck:
         if returned is None or time.monotonic() - returned > self._after_s:
             await AsyncConnectionPool.check_connection(conn)
 
-    async def reset(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    def done(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned[conn] = time.monotonic()
 
 
@@ -299,12 +304,13 @@ class PostgresStore:
         self._idle = _IdleCheck(idle_check_s)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._stats = _StatsCache()
-        # Searches in processes of their own (``processes``), each on a connection of its own,
-        # taken by a lane's threads (the oldest user turn's first: memory.lanes). On the event
-        # loop, each of a search's five or six round trips waited for the loop, under load
-        # tens of ms each, and the pool's connection with it (bench/RESULTS.md, Load).
-        self._served: Served[builtins.list[Hit]] | None = (
-            Served(SEARCHERS, _Searcher, url, timeout_s, name="ctxproxy-search")
+        # Searches and lists in processes of their own (``processes``), each on a connection
+        # of its own, taken by a lane's threads (the oldest user turn's first: memory.lanes).
+        # On the event loop each round trip (a search makes five or six) waited for the loop,
+        # under load tens of ms, and held a pool connection meanwhile: a turn's reads queued
+        # for one (bench/RESULTS.md, Load). Writes stay on the loop's pool.
+        self._served: Served[Any] | None = (
+            Served(SEARCHERS, _Reader, url, timeout_s, name="ctxproxy-search")
             if processes else None)
         self._searchers: Lane | None = None
         self._vectors = VectorIndex(reread=REREAD)
@@ -321,7 +327,6 @@ class PostgresStore:
             open=False,
             timeout=self._timeout_s,
             check=self._idle.check,
-            reset=self._idle.reset,
             # A statement on its own commits on its own: in a transaction it would cost a
             # round trip for BEGIN and one for COMMIT besides its own. What must be one
             # transaction asks for it (``_conn(atomic=True)``).
@@ -340,7 +345,7 @@ class PostgresStore:
                 await asyncio.to_thread(self._served.start)
             except NoChild as exc:
                 self._served = None
-                log.warning("memory searches on the worker's event loop: %s", exc)
+                log.warning("memory reads on the worker's event loop: %s", exc)
             except ChildUnavailable as exc:  # searches try again, and meanwhile run here
                 log.warning("memory search process: %s", exc)
 
@@ -390,11 +395,14 @@ class PostgresStore:
             raise StoreError("postgres: the memory store is not open")
         try:
             async with self._pool.connection() as conn:
-                if atomic:
-                    async with conn.transaction():
+                try:
+                    if atomic:
+                        async with conn.transaction():
+                            yield conn
+                    else:
                         yield conn
-                else:
-                    yield conn
+                finally:
+                    self._idle.done(conn)
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"postgres: {exc}") from exc
 
@@ -464,18 +472,24 @@ class PostgresStore:
         if not query.strip() or not types or limit <= 0:
             return []
         at = time.time() if now is None else now
+        call = ("search", scope, query, list(types), limit, at)
+        # In one transaction: its SET LOCAL ends with it.
+        return await self._read(call, atomic=True)  # type: ignore[no-any-return]
+
+    async def _read(self, call: tuple[Any, ...], *, atomic: bool = False) -> Any:
+        """The read ``call`` (``_Reader``'s) in a search process when there are, else on the
+        event loop's connection (``atomic``: in one transaction)."""
         served, lane = self._served, self._searchers
         if served is not None and lane is not None:
             try:
-                return await asyncio.get_running_loop().run_in_executor(
-                    lane, served.call, scope, query, list(types), limit, at)
-            except NoChild as exc:  # this machine cannot start one: do not try every search
+                return await asyncio.get_running_loop().run_in_executor(lane, served.call, *call)
+            except NoChild as exc:  # this machine cannot start one: do not try every read
                 self._served = None
-                log.warning("memory searches on the worker's event loop: %s", exc)
-            except ChildUnavailable as exc:  # it died: this search here, the next in another
-                log.warning("a memory search ran on the worker's event loop: %s", exc)
-        async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
-            return await _run(conn, _search(self._stats, scope, query, list(types), limit, at))
+                log.warning("memory reads on the worker's event loop: %s", exc)
+            except ChildUnavailable as exc:  # it died: this read here, the next in another
+                log.warning("a memory read ran on the worker's event loop: %s", exc)
+        async with self._conn(atomic=atomic) as conn:
+            return await _run(conn, _steps(self._stats, *call))
 
     async def list(
         self,
@@ -516,10 +530,7 @@ class PostgresStore:
             f"SELECT {_COLUMNS} FROM memories WHERE {' AND '.join(where)}"
             " ORDER BY updated_at DESC, memory_id DESC LIMIT %(limit)s"
         )
-        async with self._conn() as conn:
-            cur = await conn.execute(sql, params)
-            rows = await cur.fetchall()
-        return [_memory(row) for row in rows]
+        return await self._read(("memories", sql, params))  # type: ignore[no-any-return]
 
     async def stored(
         self, scope: Scope, kind: MemoryType, keys: Sequence[str]
@@ -771,6 +782,21 @@ def _search(
     return hits
 
 
+def _memories(sql: str, params: Mapping[str, Any]) -> _Steps[builtins.list[Memory]]:
+    """The records ``sql`` selects (its columns ``_COLUMNS``)."""
+    rows = yield sql, params, None
+    return [_memory(row) for row in rows]
+
+
+def _steps(stats: _StatsCache, op: str, *args: Any) -> _Steps[Any]:
+    """The statements of the read ``op`` (``search`` or ``memories``) with ``args``."""
+    if op == "search":
+        return _search(stats, *args)
+    if op == "memories":
+        return _memories(*args)
+    raise ValueError(f"no such read: {op}")
+
+
 async def _run(conn: psycopg.AsyncConnection[TupleRow], steps: _Steps[T]) -> T:
     """``steps`` on the event loop's connection ``conn``."""
     try:
@@ -793,38 +819,37 @@ def _run_sync(conn: psycopg.Connection[TupleRow], steps: _Steps[T]) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-class _Searcher:
-    """What a search process runs (``Served``): searches on a connection of its own, opened on
-    the first and again after it broke (the server restarted, the network failed)."""
+class _Reader:
+    """What a search process runs (``Served``): the store's reads (``_steps``) on a connection
+    of its own, opened on the first and again after it broke (the server restarted, the
+    network failed)."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self._url, self._timeout_s = url, timeout_s  # the URL holds the password: never logged
         self._conn: psycopg.Connection[TupleRow] | None = None
         self._stats = _StatsCache()
 
-    def __call__(self, scope: Scope, query: str, types: builtins.list[str], limit: int,
-                 now: float) -> builtins.list[Hit]:
+    def __call__(self, op: str, *args: Any) -> Any:
         try:
             try:
-                return self._search(scope, query, types, limit, now)
+                return self._read(op, *args)
             except psycopg.OperationalError:
-                # Broken since the last search (found only now: nothing checks it between
-                # searches). A search only reads: asked again on a new connection.
+                # Broken since the last read (found only now: nothing checks it between
+                # reads). A read changes nothing: asked again on a new connection.
                 if not self._dropped():
                     raise
-                return self._search(scope, query, types, limit, now)
+                return self._read(op, *args)
         except (psycopg.Error, UnicodeError) as exc:
             self._dropped()
             raise StoreError(f"postgres: {exc}") from exc
 
-    def _search(self, scope: Scope, query: str, types: builtins.list[str], limit: int,
-                now: float) -> builtins.list[Hit]:
+    def _read(self, op: str, *args: Any) -> Any:
         if self._conn is None:
             self._conn = psycopg.connect(
                 self._url, autocommit=True, connect_timeout=max(1, round(self._timeout_s)),
                 application_name="ctxproxy-search")
         with self._conn.transaction():
-            return _run_sync(self._conn, _search(self._stats, scope, query, types, limit, now))
+            return _run_sync(self._conn, _steps(self._stats, op, *args))
 
     def _dropped(self) -> bool:
         """Whether the connection had broken (it is closed, and the next search opens one)."""

@@ -1,7 +1,7 @@
-"""The PostgreSQL store's searches in processes of their own (a served proxy's, with
-CTXPROXY_MEMORY_PROCESS on): the same hits as the event loop's connection finds, no search
-lost when a process dies or its connection breaks, and no process left once the store is
-closed."""
+"""The PostgreSQL store's reads (searches, lists) in processes of their own (a served
+proxy's, with CTXPROXY_MEMORY_PROCESS on): the same records as the event loop's connection
+reads, no read lost when a process dies or its connection breaks, and no process left once the
+store is closed."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ async def test_search_processes_find_what_the_event_loop_finds(pg_url: str) -> N
         assert children is not None and len(children.pids()) == 2
         for query in _queries(60):
             assert await _hits(served, query) == await _hits(here, query), query
+        await here.upsert([
+            Memory(type="episodic", scope=SCOPE, key=f"s{n}", text=f"turn {n} of a session",
+                   session_id=f"s{n % 2}", created_at=T0 + 600 + n, updated_at=T0 + 600 + n)
+            for n in range(30)])
+        for session in (None, "s0", "s1"):
+            for since in (None, T0 + 100):
+                listed = await served.list(SCOPE, session_id=session, since=since, limit=50,
+                                           now=T0 + 10_000)
+                assert listed and listed == await here.list(
+                    SCOPE, session_id=session, since=since, limit=50, now=T0 + 10_000)
         pids = children.pids()
         assert len(pids) == 2 and os.getpid() not in pids
         assert {_comm(pid) for pid in pids} == {"search"}
@@ -73,7 +83,7 @@ async def test_a_search_process_killed_loses_no_search_and_is_replaced(
         # anew.
         for _ in range(4):
             assert await _hits(store, query) == expected
-        assert "memory search ran on the worker's event loop" in caplog.text
+        assert "memory read ran on the worker's event loop" in caplog.text
         assert children.pids() and not set(children.pids()) & set(dead)
     finally:
         await store.close()
