@@ -216,9 +216,9 @@ class Settings(BaseSettings):
     memory_process: bool = Field(
         True,
         description="Store episodes and parse claims in a child process of each worker, at the "
-        "lowest priority, and run the memory store's searches in 2 processes of each worker's "
-        "own (off: SQLite's in threads of the worker, whose event loop then waits for the GIL "
-        "while they work; PostgreSQL's on the event loop).",
+        "lowest priority, and run the SQLite store's searches in 2 processes of each worker's "
+        "own (off: in threads of the worker, whose event loop then waits for the GIL while they "
+        "work).",
     )
     ingest_queue_size: int = Field(1000, gt=0, description="Pending memory writes at most.")
     ingest_queue_mb: float = Field(

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -24,17 +23,11 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from memory.cpu import ChildUnavailable, NoChild, Served
-from memory.lanes import Lane
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from memory.search import BUDGET, MAX_WORDS, RECENT, bound
 from memory.vectors import REREAD, VectorIndex, VectorRow
 
-__all__ = ["MIGRATIONS", "SEARCHERS", "PostgresStore"]
-
-log = logging.getLogger("ctxproxy.memory")
-
-T = TypeVar("T")
+__all__ = ["MIGRATIONS", "PostgresStore"]
 
 # Versioned schema. Append new versions; never edit an applied one.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -267,17 +260,11 @@ _MAX_QUERY_CHARS = 8000
 # pool (a round trip) cost as much as the statement it was taken for. One that sat in the
 # pool this long is checked first: the server may have restarted or dropped it meanwhile.
 IDLE_CHECK_S = 5.0
-SEARCHERS = 2  # search processes (and the lane's threads that wait for them) per store
 
 
 class _IdleCheck:
-    """The pool's ``check`` callback: a connection is checked when it is taken after
-    ``after_s`` idle (or for the first time), else taken as it is. ``done`` marks its last use.
-
-    Not the pool's ``reset`` callback: with one, psycopg_pool hands every returned connection
-    to its maintenance workers, tasks of the event loop, and under load a connection sat
-    there, neither in use nor in the pool, while the turns' reads queued for one (bench/
-    RESULTS.md, Load)."""
+    """The pool's ``check`` and ``reset`` callbacks: a connection is checked when it is
+    taken after ``after_s`` idle in the pool (or for the first time), else taken as it is."""
 
     def __init__(self, after_s: float) -> None:
         self._after_s = after_s
@@ -289,7 +276,7 @@ class _IdleCheck:
         if returned is None or time.monotonic() - returned > self._after_s:
             await AsyncConnectionPool.check_connection(conn)
 
-    def done(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    async def reset(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned[conn] = time.monotonic()
 
 
@@ -297,22 +284,13 @@ class PostgresStore:
     """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
 
     def __init__(self, url: str, *, max_connections: int = 10, timeout_s: float = 5.0,
-                 idle_check_s: float = IDLE_CHECK_S, processes: bool = False) -> None:
+                 idle_check_s: float = IDLE_CHECK_S) -> None:
         self._url = url  # holds the password: never logged
         self._max = max_connections
         self._timeout_s = timeout_s
         self._idle = _IdleCheck(idle_check_s)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
-        self._stats = _StatsCache()
-        # Searches and lists in processes of their own (``processes``), each on a connection
-        # of its own, taken by a lane's threads (the oldest user turn's first: memory.lanes).
-        # On the event loop each round trip (a search makes five or six) waited for the loop,
-        # under load tens of ms, and held a pool connection meanwhile: a turn's reads queued
-        # for one (bench/RESULTS.md, Load). Writes stay on the loop's pool.
-        self._served: Served[Any] | None = (
-            Served(SEARCHERS, _Reader, url, timeout_s, name="ctxproxy-search")
-            if processes else None)
-        self._searchers: Lane | None = None
+        self._stats: _Stats | None = None
         self._vectors = VectorIndex(reread=REREAD)
 
     def __repr__(self) -> str:
@@ -327,6 +305,7 @@ class PostgresStore:
             open=False,
             timeout=self._timeout_s,
             check=self._idle.check,
+            reset=self._idle.reset,
             # A statement on its own commits on its own: in a transaction it would cost a
             # round trip for BEGIN and one for COMMIT besides its own. What must be one
             # transaction asks for it (``_conn(atomic=True)``).
@@ -339,23 +318,9 @@ class PostgresStore:
             await pool.close()
             raise StoreError(f"postgres: cannot open the memory store: {exc}") from exc
         self._pool = pool
-        if self._served is not None:
-            self._searchers = Lane(SEARCHERS, "ctxproxy-pg-search")
-            try:
-                await asyncio.to_thread(self._served.start)
-            except NoChild as exc:
-                self._served = None
-                log.warning("memory reads on the worker's event loop: %s", exc)
-            except ChildUnavailable as exc:  # searches try again, and meanwhile run here
-                log.warning("memory search process: %s", exc)
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
-        lane, self._searchers = self._searchers, None
-        if lane is not None:
-            await asyncio.to_thread(lane.shutdown, wait=True)
-        if self._served is not None:
-            await asyncio.to_thread(self._served.close)
         if pool is not None:
             await pool.close()
 
@@ -395,14 +360,11 @@ class PostgresStore:
             raise StoreError("postgres: the memory store is not open")
         try:
             async with self._pool.connection() as conn:
-                try:
-                    if atomic:
-                        async with conn.transaction():
-                            yield conn
-                    else:
+                if atomic:
+                    async with conn.transaction():
                         yield conn
-                finally:
-                    self._idle.done(conn)
+                else:
+                    yield conn
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"postgres: {exc}") from exc
 
@@ -471,25 +433,84 @@ class PostgresStore:
     ) -> list[Hit]:
         if not query.strip() or not types or limit <= 0:
             return []
-        at = time.time() if now is None else now
-        call = ("search", scope, query, list(types), limit, at)
-        # In one transaction: its SET LOCAL ends with it.
-        return await self._read(call, atomic=True)  # type: ignore[no-any-return]
+        async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
+            cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
+            lexemes = [str(row[0]) for row in await cur.fetchall()]
+            if not lexemes:
+                return []
+            stats = await self._statistics(conn)
+            rarest = sorted(range(len(lexemes)), key=lambda i: stats.rows(lexemes[i]))
+            # The planner costs a tsvector match as next to free and would rather read the
+            # whole table than the GIN index; every set read here is small by construction.
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            # A lexeme no memory holds looks rarest of all to the statistics, and finds
+            # nothing: a long prompt's new names and typos would leave the search empty.
+            held: list[int] = []
+            step = MAX_WORDS * _PRESENCE_FACTOR
+            for at in range(0, len(rarest), step):  # the rarest first, until enough are held
+                looked = rarest[at : at + step]
+                # A lexeme the statistics list is held (as of the last ANALYZE): only the
+                # rest are probed. GIN scans are bitmap scans, so a probe of a common lexeme
+                # would read its whole posting list; a rare one's is short.
+                unlisted = [_quote(lexemes[i]) for i in looked if lexemes[i] not in stats.freq]
+                present: set[str] = set()
+                if unlisted:
+                    cur = await conn.execute(_PRESENT, {"parts": unlisted})
+                    present = {str(row[0]) for row in await cur.fetchall()}
+                held += [i for i in looked
+                         if lexemes[i] in stats.freq or _quote(lexemes[i]) in present]
+                if len(held) >= MAX_WORDS:
+                    break
+            if not held:
+                return []
+            chosen = [lexemes[i] for i in sorted(held[:MAX_WORDS])]
+            plan = bound([round(stats.rows(lex)) for lex in chosen], BUDGET)
+            params: dict[str, Any] = {
+                "service_id": scope.service_id,
+                "team_id": scope.team_id,
+                "agent_id": scope.agent_id,
+                "user_ref": scope.user,
+                "types": list(types),
+                "now": time.time() if now is None else now,
+                "limit": limit,
+                "all": " | ".join(_quote(lex) for lex in chosen),
+                "parts": [_quote(lex) for lex in chosen],
+                "rare": " | ".join(_quote(chosen[i]) for i in plan.rare),
+                "common": " | ".join(_quote(chosen[i]) for i in plan.common),
+                "cap": 2 * BUDGET,
+                "recent": RECENT,
+            }
+            named = {"rare": _RARE} if plan.rare else {}
+            if plan.common:
+                named["recent"] = _RECENT
+            union = " UNION ".join(f"SELECT memory_id FROM {name}" for name in named)
+            ctes = [*named.values(), f"pool AS ({union})"]
+            # Planned with the actual lexemes (no generic plan), so that the planner knows a
+            # rare lexeme from a common one.
+            cur = await conn.execute(
+                f"WITH {', '.join(ctes)} {_RANKED}", params, prepare=False
+            )
+            rows = await cur.fetchall()
+        hits = []
+        for row in rows:
+            score, matched = max(float(row[-2]), 0.0), int(row[-1])
+            # In (0, 1) as in the SQLite store: the share of the question's words matched,
+            # ts_rank breaking ties.
+            relevance = (matched + score / (1.0 + score)) / (len(chosen) + 1)
+            hits.append(Hit(_memory(row[:-2]), max(relevance, 1e-9)))
+        return hits
 
-    async def _read(self, call: tuple[Any, ...], *, atomic: bool = False) -> Any:
-        """The read ``call`` (``_Reader``'s) in a search process when there are, else on the
-        event loop's connection (``atomic``: in one transaction)."""
-        served, lane = self._served, self._searchers
-        if served is not None and lane is not None:
-            try:
-                return await asyncio.get_running_loop().run_in_executor(lane, served.call, *call)
-            except NoChild as exc:  # this machine cannot start one: do not try every read
-                self._served = None
-                log.warning("memory reads on the worker's event loop: %s", exc)
-            except ChildUnavailable as exc:  # it died: this read here, the next in another
-                log.warning("a memory read ran on the worker's event loop: %s", exc)
-        async with self._conn(atomic=atomic) as conn:
-            return await _run(conn, _steps(self._stats, *call))
+    async def _statistics(self, conn: psycopg.AsyncConnection[TupleRow]) -> _Stats:
+        """The lexeme statistics, read again every few minutes."""
+        stats = self._stats
+        # A table not analyzed yet is looked at again soon: it may be filling up.
+        ttl = _STATS_TTL_S if stats is not None and stats.total else _STATS_TTL_S / 10
+        if stats is None or time.monotonic() - stats.read_at > ttl:
+            cur = await conn.execute(_STATS)
+            row = await cur.fetchone()
+            stats = _Stats.of(row)
+            self._stats = stats
+        return stats
 
     async def list(
         self,
@@ -530,7 +551,10 @@ class PostgresStore:
             f"SELECT {_COLUMNS} FROM memories WHERE {' AND '.join(where)}"
             " ORDER BY updated_at DESC, memory_id DESC LIMIT %(limit)s"
         )
-        return await self._read(("memories", sql, params))  # type: ignore[no-any-return]
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+        return [_memory(row) for row in rows]
 
     async def stored(
         self, scope: Scope, kind: MemoryType, keys: Sequence[str]
@@ -689,176 +713,6 @@ class PostgresStore:
             Hit(found[m.memory_id], max(m.similarity, 1e-9), m.similarity, (m.start, m.end))
             for m in matches if m.memory_id in found
         ][:limit]
-
-
-# A search as the statements it sends, each with the rows it got back (a generator: no I/O
-# of its own), so that one search is the same whether the event loop's connection runs it
-# (``_run``) or a search process's (``_run_sync``).
-_Statement = tuple[str, Any, bool | None]  # sql, params, prepare (None: psycopg decides)
-_Steps = Generator[_Statement, builtins.list[TupleRow], T]
-
-
-class _StatsCache:
-    """The lexeme statistics of one process, read again every few minutes."""
-
-    def __init__(self) -> None:
-        self._stats: _Stats | None = None
-
-    def read(self) -> _Steps[_Stats]:
-        stats = self._stats
-        # A table not analyzed yet is looked at again soon: it may be filling up.
-        ttl = _STATS_TTL_S if stats is not None and stats.total else _STATS_TTL_S / 10
-        if stats is None or time.monotonic() - stats.read_at > ttl:
-            rows = yield _STATS, None, None
-            stats = self._stats = _Stats.of(rows[0] if rows else None)
-        return stats
-
-
-def _search(
-    statistics: _StatsCache, scope: Scope, query: str, types: builtins.list[str], limit: int,
-    now: float,
-) -> _Steps[builtins.list[Hit]]:
-    """``PostgresStore.search``'s statements, in one transaction (its SET LOCAL ends with it)."""
-    rows = yield _LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),), None
-    lexemes = [str(row[0]) for row in rows]
-    if not lexemes:
-        return []
-    stats = yield from statistics.read()
-    rarest = sorted(range(len(lexemes)), key=lambda i: stats.rows(lexemes[i]))
-    # The planner costs a tsvector match as next to free and would rather read the whole table
-    # than the GIN index; every set read here is small by construction.
-    yield "SET LOCAL enable_seqscan = off", None, None
-    # A lexeme no memory holds looks rarest of all to the statistics, and finds nothing: a
-    # long prompt's new names and typos would leave the search empty.
-    held: builtins.list[int] = []
-    step = MAX_WORDS * _PRESENCE_FACTOR
-    for at in range(0, len(rarest), step):  # the rarest first, until enough are held
-        looked = rarest[at : at + step]
-        # A lexeme the statistics list is held (as of the last ANALYZE): only the rest are
-        # probed. GIN scans are bitmap scans, so a probe of a common lexeme would read its
-        # whole posting list; a rare one's is short.
-        unlisted = [_quote(lexemes[i]) for i in looked if lexemes[i] not in stats.freq]
-        present: set[str] = set()
-        if unlisted:
-            rows = yield _PRESENT, {"parts": unlisted}, None
-            present = {str(row[0]) for row in rows}
-        held += [i for i in looked if lexemes[i] in stats.freq or _quote(lexemes[i]) in present]
-        if len(held) >= MAX_WORDS:
-            break
-    if not held:
-        return []
-    chosen = [lexemes[i] for i in sorted(held[:MAX_WORDS])]
-    plan = bound([round(stats.rows(lex)) for lex in chosen], BUDGET)
-    params: dict[str, Any] = {
-        "service_id": scope.service_id,
-        "team_id": scope.team_id,
-        "agent_id": scope.agent_id,
-        "user_ref": scope.user,
-        "types": types,
-        "now": now,
-        "limit": limit,
-        "all": " | ".join(_quote(lex) for lex in chosen),
-        "parts": [_quote(lex) for lex in chosen],
-        "rare": " | ".join(_quote(chosen[i]) for i in plan.rare),
-        "common": " | ".join(_quote(chosen[i]) for i in plan.common),
-        "cap": 2 * BUDGET,
-        "recent": RECENT,
-    }
-    named = {"rare": _RARE} if plan.rare else {}
-    if plan.common:
-        named["recent"] = _RECENT
-    union = " UNION ".join(f"SELECT memory_id FROM {name}" for name in named)
-    ctes = [*named.values(), f"pool AS ({union})"]
-    # Planned with the actual lexemes (no generic plan), so that the planner knows a rare
-    # lexeme from a common one.
-    rows = yield f"WITH {', '.join(ctes)} {_RANKED}", params, False
-    hits = []
-    for row in rows:
-        score, matched = max(float(row[-2]), 0.0), int(row[-1])
-        # In (0, 1) as in the SQLite store: the share of the question's words matched, ts_rank
-        # breaking ties.
-        relevance = (matched + score / (1.0 + score)) / (len(chosen) + 1)
-        hits.append(Hit(_memory(row[:-2]), max(relevance, 1e-9)))
-    return hits
-
-
-def _memories(sql: str, params: Mapping[str, Any]) -> _Steps[builtins.list[Memory]]:
-    """The records ``sql`` selects (its columns ``_COLUMNS``)."""
-    rows = yield sql, params, None
-    return [_memory(row) for row in rows]
-
-
-def _steps(stats: _StatsCache, op: str, *args: Any) -> _Steps[Any]:
-    """The statements of the read ``op`` (``search`` or ``memories``) with ``args``."""
-    if op == "search":
-        return _search(stats, *args)
-    if op == "memories":
-        return _memories(*args)
-    raise ValueError(f"no such read: {op}")
-
-
-async def _run(conn: psycopg.AsyncConnection[TupleRow], steps: _Steps[T]) -> T:
-    """``steps`` on the event loop's connection ``conn``."""
-    try:
-        sql, params, prepare = next(steps)
-        while True:
-            cur = await conn.execute(sql, params, prepare=prepare)
-            sql, params, prepare = steps.send(await cur.fetchall() if cur.description else [])
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-def _run_sync(conn: psycopg.Connection[TupleRow], steps: _Steps[T]) -> T:
-    """``steps`` on a search process's connection ``conn``."""
-    try:
-        sql, params, prepare = next(steps)
-        while True:
-            cur = conn.execute(sql, params, prepare=prepare)
-            sql, params, prepare = steps.send(cur.fetchall() if cur.description else [])
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-class _Reader:
-    """What a search process runs (``Served``): the store's reads (``_steps``) on a connection
-    of its own, opened on the first and again after it broke (the server restarted, the
-    network failed)."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self._url, self._timeout_s = url, timeout_s  # the URL holds the password: never logged
-        self._conn: psycopg.Connection[TupleRow] | None = None
-        self._stats = _StatsCache()
-
-    def __call__(self, op: str, *args: Any) -> Any:
-        try:
-            try:
-                return self._read(op, *args)
-            except psycopg.OperationalError:
-                # Broken since the last read (found only now: nothing checks it between
-                # reads). A read changes nothing: asked again on a new connection.
-                if not self._dropped():
-                    raise
-                return self._read(op, *args)
-        except (psycopg.Error, UnicodeError) as exc:
-            self._dropped()
-            raise StoreError(f"postgres: {exc}") from exc
-
-    def _read(self, op: str, *args: Any) -> Any:
-        if self._conn is None:
-            self._conn = psycopg.connect(
-                self._url, autocommit=True, connect_timeout=max(1, round(self._timeout_s)),
-                application_name="ctxproxy-search")
-        with self._conn.transaction():
-            return _run_sync(self._conn, _steps(self._stats, op, *args))
-
-    def _dropped(self) -> bool:
-        """Whether the connection had broken (it is closed, and the next search opens one)."""
-        conn = self._conn
-        if conn is None or not conn.broken:
-            return False
-        conn.close()
-        self._conn = None
-        return True
 
 
 @dataclass(frozen=True, slots=True)

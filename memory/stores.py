@@ -10,15 +10,15 @@ def make_store(settings: Settings, *, serving: bool = False) -> Store:
     """PostgreSQL when ``CTXPROXY_STORE_URL`` is set (replicas share it), else SQLite.
 
     Settings refuses any other scheme, so a set URL is never silently replaced by SQLite.
-    ``serving``: the store of a proxy, which searches in processes of their own when
-    ``CTXPROXY_MEMORY_PROCESS`` is on (a command's store searches where it runs).
+    ``serving``: the store of a proxy, which searches SQLite in processes of their own when
+    ``CTXPROXY_MEMORY_PROCESS`` is on (a command's store searches in a thread).
     """
-    processes = serving and settings.memory_process
     url = settings.store_url
     if url:
         from memory.store_pg import PostgresStore
 
-        return PostgresStore(url, processes=processes)
+        return PostgresStore(url)
     from memory.store_sqlite import SqliteStore
 
-    return SqliteStore(settings.data_dir / "memory.sqlite3", processes=processes)
+    return SqliteStore(settings.data_dir / "memory.sqlite3",
+                       processes=serving and settings.memory_process)
