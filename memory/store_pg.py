@@ -263,8 +263,13 @@ IDLE_CHECK_S = 5.0
 
 
 class _IdleCheck:
-    """The pool's ``check`` and ``reset`` callbacks: a connection is checked when it is
-    taken after ``after_s`` idle in the pool (or for the first time), else taken as it is."""
+    """The pool's ``check`` callback: a connection is checked when it is taken after
+    ``after_s`` idle (or for the first time), else taken as it is. ``done`` marks its last use.
+
+    Not the pool's ``reset`` callback: with one, psycopg_pool hands every returned connection
+    to its maintenance workers, tasks of the event loop, and under load connections sat
+    there, neither in use nor in the pool, while the turns' reads queued for one (bench/
+    RESULTS.md, Load)."""
 
     def __init__(self, after_s: float) -> None:
         self._after_s = after_s
@@ -276,7 +281,7 @@ class _IdleCheck:
         if returned is None or time.monotonic() - returned > self._after_s:
             await AsyncConnectionPool.check_connection(conn)
 
-    async def reset(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    def done(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned[conn] = time.monotonic()
 
 
@@ -305,7 +310,6 @@ class PostgresStore:
             open=False,
             timeout=self._timeout_s,
             check=self._idle.check,
-            reset=self._idle.reset,
             # A statement on its own commits on its own: in a transaction it would cost a
             # round trip for BEGIN and one for COMMIT besides its own. What must be one
             # transaction asks for it (``_conn(atomic=True)``).
@@ -360,11 +364,14 @@ class PostgresStore:
             raise StoreError("postgres: the memory store is not open")
         try:
             async with self._pool.connection() as conn:
-                if atomic:
-                    async with conn.transaction():
+                try:
+                    if atomic:
+                        async with conn.transaction():
+                            yield conn
+                    else:
                         yield conn
-                else:
-                    yield conn
+                finally:
+                    self._idle.done(conn)
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"postgres: {exc}") from exc
 

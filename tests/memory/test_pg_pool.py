@@ -62,3 +62,18 @@ async def test_a_connection_cut_right_after_use_fails_one_call_and_is_replaced(
         assert [m.key for m in await store.list(SCOPE)] == ["k"]
     finally:
         await store.close()
+
+
+async def test_a_connection_handed_back_is_ready_for_the_next_call_at_once(pg_url: str) -> None:
+    # Handed back through the pool's maintenance workers (tasks of the loop), a connection was
+    # missing from the pool until they ran, and under load the turns' reads queued for one.
+    store = await _store(pg_url, idle_check_s=60.0)
+    try:
+        pool = store._pool
+        assert pool is not None
+        before = pool.get_stats().get("requests_queued", 0)
+        for _ in range(20):  # one connection, each call right after the last
+            assert await store.list(SCOPE, limit=5)
+        assert pool.get_stats().get("requests_queued", 0) == before
+    finally:
+        await store.close()
