@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -111,12 +112,13 @@ class WriteQueue:
         lane = self._lanes.setdefault(key, _Lane())
         for older in stale:
             del lane.waiting[older]
-            older.cancel()  # its own cleanup frees its place and its bytes
+            older.cancel()  # its done callback frees its place and its bytes
             self.superseded += 1
             self._on_superseded()
         lane.jobs += 1
         # Started in the order put: a key's jobs wait on its lock in that order.
-        task = asyncio.create_task(self._one(job, key, lane, size))
+        task = asyncio.create_task(self._one(job, lane))
+        task.add_done_callback(functools.partial(self._done, key, lane, size))
         self._jobs.add(task)
         if covers is not None:
             lane.waiting[task] = (covers, size)
@@ -161,26 +163,28 @@ class WriteQueue:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _one(self, job: Job, key: Hashable, lane: _Lane, size: int) -> None:
+    async def _one(self, job: Job, lane: _Lane) -> None:
         # No request waits for a queued write: its store work goes after the turns' own.
         lanes.background()
-        task = cast("asyncio.Task[None]", asyncio.current_task())  # this job's, as put
-        try:
-            await self._started.wait()
-            async with lane.lock, self._slots:
-                lane.waiting.pop(task, None)  # started: no later job supersedes it now
-                await self._run(job)
-        finally:
-            lane.waiting.pop(task, None)
-            lane.jobs -= 1
-            if not lane.jobs:
-                del self._lanes[key]
-            self._jobs.discard(task)
-            self.bytes -= size
-            self._on_depth(len(self._jobs))
-            self._on_bytes(self.bytes)
-            if not self._jobs:
-                self._idle.set()
+        await self._started.wait()
+        async with lane.lock, self._slots:
+            # Started: no later job supersedes it now.
+            lane.waiting.pop(cast("asyncio.Task[None]", asyncio.current_task()), None)
+            await self._run(job)
+
+    def _done(self, key: Hashable, lane: _Lane, size: int, task: asyncio.Task[None]) -> None:
+        """A job's task ended: run, failed, or cancelled (a cancelled task may never have
+        started, so this is its done callback, not a ``finally``)."""
+        lane.waiting.pop(task, None)
+        lane.jobs -= 1
+        if not lane.jobs:
+            del self._lanes[key]
+        self._jobs.discard(task)
+        self.bytes -= size
+        self._on_depth(len(self._jobs))
+        self._on_bytes(self.bytes)
+        if not self._jobs:
+            self._idle.set()
 
     async def _run(self, job: Job) -> None:
         """Run ``job``; a store failure gets one retry, then the job is dropped (counted)."""
