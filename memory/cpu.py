@@ -39,8 +39,8 @@ from injectors.redact import redact
 from memory.lanes import Lane, name_os_thread
 
 __all__ = [
-    "SMALL", "THREADS", "Child", "ChildUnavailable", "NoChild", "Offload", "Pool", "Served",
-    "sized", "warm",
+    "SMALL", "SMALL_BODY", "SMALL_ITEMS", "THREADS", "Child", "ChildUnavailable", "NoChild",
+    "Offload", "Pool", "Served", "sized", "small_history", "warm",
 ]
 
 log = logging.getLogger("ctxproxy.memory")
@@ -51,11 +51,19 @@ T = TypeVar("T")
 # measured the same under bench/load.py); two keep a turn's recall from waiting behind one
 # long ingest job.
 THREADS = 2
-# Characters of input below which a call runs in place. It then costs microseconds; its trip to
-# a thread cost a new turn p50 5 ms and p99 50 ms under bench/load.py's chat shape, for 0.01 ms
+# Characters of input below which a call runs in place: from microseconds (a query's
+# questions) to a few milliseconds (a recall's snippets and token counts). Its trip to a
+# thread cost a new turn p50 5 ms and p99 50 ms under bench/load.py's chat shape, for 0.01 ms
 # of work (the thread waits for the GIL, up to the switch interval, and its answer for the
-# loop; bench/RESULTS.md, Load). The bound keeps what the loop does per call a constant.
+# loop; bench/RESULTS.md, Load), and pure Python holds the GIL in the thread as on the loop:
+# a thread only cuts long work into slices. The bound keeps what the loop does per call a
+# constant.
 SMALL = 32 * 1024
+# A pass over a request's history (splitting it into turns, keying its answered turn) runs in
+# place below both: each item costs a few microseconds of Python, and the text it digests
+# (at C speed, about a millisecond per 300 KB) is at most the request's bytes.
+SMALL_ITEMS = 512
+SMALL_BODY = 256 * 1024
 
 
 class Offload(Protocol):
@@ -74,6 +82,12 @@ async def sized(
     if size <= SMALL:
         return fn(*args, **kwargs)
     return await offload(fn, *args, **kwargs)
+
+
+def small_history(items: int, size: int) -> bool:
+    """Whether a pass over a history of ``items`` items in a request of ``size`` bytes runs
+    in place (SMALL_ITEMS, SMALL_BODY)."""
+    return items <= SMALL_ITEMS and size <= SMALL_BODY
 
 
 class Pool:

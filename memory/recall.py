@@ -411,8 +411,12 @@ class Recaller:
         latest = sorted((m for m in found.recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
-        # Snippets and token counts scan the memories' text: in a worker, not on the loop.
-        return await self._offload(
+        # Snippets and token counts scan the memories' text: a long one in a worker, not on
+        # the loop.
+        size = len(found.query) + sum(len(c.memory.text) for c in candidates) + sum(
+            len(h.memory.text) for ranking in rankings for h in ranking)
+        return await sized(
+            self._offload, size,
             self._pick, candidates, found.query, session=found.session, exclude=exclude,
             shown=shown or {}, min_score=min_score, budget=budget, now=found.now,
             rankings=rankings,

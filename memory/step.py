@@ -38,7 +38,7 @@ from injectors import memory_blocks
 from injectors.instructions import SEPARATOR, append_block
 from memory import lanes
 from memory import turns as turns_
-from memory.cpu import Offload, sized
+from memory.cpu import Offload, sized, small_history
 from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
@@ -120,6 +120,7 @@ class Awaiting:
     scope: Scope
     session: str
     turn: turns_.Turn  # the request's last turn, before the answer
+    size: int  # the request's bytes
 
 
 def _texts(
@@ -216,7 +217,8 @@ class MemoryStep:
         scope = scope_of(self._settings, ex.identity)
         pending = turns_.last(session, ex.history, ex.first_turn)
         if pending is not None:
-            self._awaiting[id(ex.notes)] = Awaiting(ex.notes, scope, session, pending)
+            self._awaiting[id(ex.notes)] = Awaiting(
+                ex.notes, scope, session, pending, len(ex.raw))
         key = self._turn_key(scope, session, ex)
         task = self._turns.get(key)
         ex.notes.memory_cache = "miss" if task is None else "hit"
@@ -281,9 +283,11 @@ class MemoryStep:
         if waiting is None or waiting.notes is not notes or not turns_.is_final(output):
             return False
         scope, session, pending, now = waiting.scope, waiting.session, waiting.turn, time.time()
+        small = small_history(len(pending.items) + len(output), waiting.size + size)
 
         async def store() -> None:
-            turn = await self._offload(turns_.answered, session, pending, output)
+            turn = (turns_.answered(session, pending, output) if small
+                    else await self._offload(turns_.answered, session, pending, output))
             if turn is not None:
                 await self._ingester.write(scope, session, [turn], now=now, answer=True)
 
@@ -361,8 +365,12 @@ class MemoryStep:
         writing: asyncio.Future[list[Memory]] | None = None
         written: asyncio.Future[list[Memory]] | None = None  # a new session's, for standing
         try:
-            # Splitting digests every item of the history: in a worker, not on the loop.
-            turns = await self._offload(turns_.split, session, history, first)
+            # Splitting digests every item of the history: a long one in a worker, not on
+            # the loop (a short one costs less there than the trip to a worker).
+            if small_history(len(history.items), len(ex.raw)):
+                turns = turns_.split(session, history, first)
+            else:
+                turns = await self._offload(turns_.split, session, history, first)
             window = {t.prompt_key for t in turns if t.in_window}
             kept = [self._shown.get(key) for _, key in forwarded[:-1]]
             # Memories the model still sees in the window: the turns it shows whole (a turn
@@ -505,7 +513,8 @@ class MemoryStep:
         cached = self._standing.get(where)
         if cached is not None and cached[0] == signature:
             return cached[1]
-        chosen = await self._offload(self._choose_standing, candidates, now)
+        chosen = await sized(self._offload, sum(len(c.memory.text) for c in candidates),
+                             self._choose_standing, candidates, now)
         self._standing[where] = (signature, chosen)
         return chosen
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from cachetools import LRUCache
 
 from injectors.redact import redact, redact_all
-from memory.cpu import Offload
+from memory.cpu import Offload, sized
 from memory.model import Memory, Scope, Store
 from memory.queue import WriteQueue
 from memory.statements import constraints
@@ -141,9 +141,11 @@ class Working:
         compacted: bool = False,
     ) -> list[Memory]:
         """The session's working memory records (``derive``), not stored yet."""
-        # Redaction and statement extraction scan every prompt: in a worker, not on the loop.
-        return await self._offload(
-            derive, scope, session, turns, now=now, ttl_s=self._ttl_s, compacted=compacted
+        # Redaction and statement extraction scan every prompt: long ones in a worker, not on
+        # the loop.
+        return await sized(
+            self._offload, sum(len(t.user) for t in turns),
+            derive, scope, session, turns, now=now, ttl_s=self._ttl_s, compacted=compacted,
         )
 
     async def write(

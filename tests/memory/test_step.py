@@ -166,6 +166,8 @@ async def test_a_turns_search_goes_out_before_its_history_is_split(
         return await search(*args, **kwargs)
 
     monkeypatch.setattr(store, "search", seen)
+    # A history too long to split in place (a short one is split before anything is awaited).
+    monkeypatch.setattr("memory.step.small_history", lambda items, size: False)
 
     async def offload(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         if fn is turns_.split:  # the split's thread is busy until the search has gone out
@@ -183,5 +185,49 @@ async def test_a_turns_search_goes_out_before_its_history_is_split(
     assert searched.is_set() and not ex.notes.memory_degraded
     await step.close()
     queue.start()
+    await queue.close()
+    await store.close()
+
+
+async def test_a_short_turns_work_runs_in_place_and_a_long_ones_in_a_worker(
+    tmp_path: Path,
+) -> None:
+    """The trip to a worker costs more than a short turn's split, working memory, standing
+    choice and pick; a long history, a long prompt and a long recall still go to one, so
+    that what the loop does per call stays bounded."""
+    settings = load_settings(env={}, data_dir=tmp_path, keep_turns=2, memory_timeout_ms=10_000)
+    store = SqliteStore(tmp_path / "memory.sqlite3")
+    await store.open()
+    sent: list[str] = []
+
+    async def offload(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        sent.append(getattr(fn, "__name__", ""))
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    health = Health(lambda: None)
+    queue = WriteQueue(100, health)
+    queue.start()
+    recaller = Recaller(store, weights=Weights(), k=5, budget=1200, cost=_cost,
+                        overhead=lambda kind: tokens.count(memory_blocks.block_overhead(kind)),
+                        offload=offload)
+    step = MemoryStep(settings, working=Working(store, queue, 1800, offload=offload),
+                      ingester=Ingester(store), recaller=recaller, queue=queue, health=health,
+                      offload=offload)
+    rig = Rig(step, store, queue, [], settings)
+    facts = [f"The {n}th service listens on port {5400 + n}." for n in range(8)]
+    for n in range(1, len(facts) + 1):
+        await rig.run(history(*facts[:n], "Which port?"), turn_id=f"t{n}")
+        await queue.join()
+    assert sent == []
+
+    # A long history (each round of tool calls is two items), a long prompt: in a worker.
+    calls = [item for n in range(300) for item in codex.tool_turn(f"ls {n}")[1:-1]]
+    long_prompt = "Keep every service on its own port. " * 1000
+    items = [*history(*facts, "Which port?")[:-1], codex.text("user", long_prompt), *calls,
+             codex.text("user", "Which port does the 3rd service listen on?")]
+    ex = await rig.run(items, turn_id="t-long")
+    assert {"split", "derive"} <= set(sent)
+    assert "5403" in orjson.dumps(ex.body).decode()
+    await step.close()
     await queue.close()
     await store.close()
