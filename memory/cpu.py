@@ -40,7 +40,7 @@ from memory.lanes import Lane, name_os_thread
 
 __all__ = [
     "SMALL", "SMALL_BODY", "SMALL_ITEMS", "THREADS", "Child", "ChildUnavailable", "NoChild",
-    "Offload", "Pool", "Served", "sized", "small_history", "warm",
+    "Offload", "Pool", "Served", "placed", "sized", "small_history", "warm",
 ]
 
 log = logging.getLogger("ctxproxy.memory")
@@ -79,7 +79,15 @@ async def sized(
 ) -> T:
     """``fn(*args, **kwargs)`` in place when its input (``size`` characters) is SMALL, else
     through ``offload``."""
-    if size <= SMALL:
+    return await placed(offload, size <= SMALL, fn, *args, **kwargs)
+
+
+async def placed(
+    offload: Offload, here: bool, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """``fn(*args, **kwargs)`` in place when ``here`` (its input is small: ``sized``,
+    ``small_history``), else through ``offload``. In place, nothing is awaited."""
+    if here:
         return fn(*args, **kwargs)
     return await offload(fn, *args, **kwargs)
 

@@ -65,6 +65,7 @@ RECENT = 0.3  # a recent turn that shares no word with the question
 RECENT_WINDOW_S = 6 * 3600.0
 RECENT_LIMIT = 2  # the session's latest turns before the window: what was just going on
 SEARCH_LIMIT = 20
+PICK_WEIGHT = 4  # a pick's characters, as counted against memory.cpu.SMALL
 STANDING_LIMIT = 200
 MAX_MENTIONED = 5
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al.): flattens the top ranks
@@ -235,9 +236,6 @@ def standing_of(read: Standing, window: Collection[str]) -> list[Candidate]:
         relevance = float(standing) if isinstance(standing, int | float) else 1.0
         out.append(Candidate(m, min(max(relevance, 0.01), 1.0)))
     return out
-
-
-PICK_WEIGHT = 4  # a pick's characters, as counted against memory.cpu.SMALL
 
 
 class Recaller:

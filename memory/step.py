@@ -38,7 +38,7 @@ from injectors import memory_blocks
 from injectors.instructions import SEPARATOR, append_block
 from memory import lanes
 from memory import turns as turns_
-from memory.cpu import Offload, sized, small_history
+from memory.cpu import Offload, placed, sized, small_history
 from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
@@ -286,8 +286,7 @@ class MemoryStep:
         small = small_history(len(pending.items) + len(output), waiting.size + size)
 
         async def store() -> None:
-            turn = (turns_.answered(session, pending, output) if small
-                    else await self._offload(turns_.answered, session, pending, output))
+            turn = await placed(self._offload, small, turns_.answered, session, pending, output)
             if turn is not None:
                 await self._ingester.write(scope, session, [turn], now=now, answer=True)
 
@@ -367,10 +366,8 @@ class MemoryStep:
         try:
             # Splitting digests every item of the history: a long one in a worker, not on
             # the loop (a short one costs less there than the trip to a worker).
-            if small_history(len(history.items), len(ex.raw)):
-                turns = turns_.split(session, history, first)
-            else:
-                turns = await self._offload(turns_.split, session, history, first)
+            turns = await placed(self._offload, small_history(len(history.items), len(ex.raw)),
+                                 turns_.split, session, history, first)
             window = {t.prompt_key for t in turns if t.in_window}
             kept = [self._shown.get(key) for _, key in forwarded[:-1]]
             # Memories the model still sees in the window: the turns it shows whole (a turn
