@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from config import Settings
 from memory.cpu import Offload, sized
@@ -366,21 +366,25 @@ class Recaller:
         # A long prompt is searched as a whole and by each of its questions: the words of
         # the question are what the memory shares, the rest says what the task is about.
         asked, ids = await sized(self._offload, len(query), _read_query, query)
-        found, recent, (near, mode), named = await asyncio.gather(
-            asyncio.gather(*(
-                self._store.search(scope, q, types=["episodic", "semantic"],
-                                   limit=SEARCH_LIMIT, now=now)
-                for q in [query, *asked]
-            )),
+        queries = [query, *asked]
+        # One gather, not one inside another: each level of them is a turn of the event loop
+        # between a read's end and the turn's recall going on, and a turn of a busy loop
+        # takes every other ready callback's time.
+        reads: list[Any] = await asyncio.gather(
+            *(self._store.search(scope, q, types=["episodic", "semantic"],
+                                 limit=SEARCH_LIMIT, now=now)
+              for q in queries),
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
                              now=now),
             self._nearest(scope, asked or [query], now),
-            asyncio.gather(*(self._store.get(i) for i in ids)),
+            *(self._store.get(i) for i in ids),
         )
+        n = len(queries)
+        found, recent, (near, mode), named = reads[:n], reads[n], reads[n + 1], reads[n + 2:]
         # get() looks across every scope: never let another scope's memory through.
         mentioned = [m for m in named if m is not None and m.scope == scope and _alive(m, now)]
-        return Found(query, now, session, list(found), recent, near, mode, mentioned)
+        return Found(query, now, session, found, recent, near, mode, mentioned)
 
     async def pick(
         self,

@@ -227,20 +227,21 @@ class MemoryStep:
             # for the other requests of the turn waiting on it.
             task = asyncio.create_task(self._prepare(scope, session, ex))
             self._turns[key] = task
-        try:
-            if task.done():
-                # The turn's later requests: its result now, with no trip through the loop (on
-                # a busy loop, each costs every other ready callback's time).
-                prepared = task.result()
-            else:
-                # A slow store (a database going down, a lock held) costs this request at most
-                # the budget; the turn's work goes on and later requests of the turn get its
-                # result.
-                prepared = await asyncio.wait_for(asyncio.shield(task), self._budget_s)
-        except TimeoutError:
+        if not task.done():
+            # A slow store (a database going down, a lock held) costs this request at most
+            # the budget; the turn's work goes on and later requests of the turn get its
+            # result. (Not wait_for(shield(task)): through it, the task's end reaches this
+            # request a turn of the loop later, and a turn of a busy loop takes every other
+            # ready callback's time.)
+            await asyncio.wait((task,), timeout=self._budget_s)
+        if not task.done():
             self._health.failed("memory in time", TimeoutError("store too slow"))
             self._without_memory(ex, scope, session)
             return
+        try:
+            # The turn's later requests find it done: its result now, with no trip through
+            # the loop.
+            prepared = task.result()
         except Exception:
             self._turns.pop(key, None)  # a bug, not a store failure: try again next time
             raise

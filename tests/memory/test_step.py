@@ -231,3 +231,44 @@ async def test_a_short_turns_work_runs_in_place_and_a_long_ones_in_a_worker(
     await step.close()
     await queue.close()
     await store.close()
+
+
+async def test_a_turns_recall_reaches_its_request_a_few_loop_turns_after_the_search_ends(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load each turn of the event loop takes every other ready callback's time, so
+    the levels of futures between the store's answer and the request (gathers inside
+    gathers, a shield inside wait_for) each cost a turn of the busy loop. Counted here on an
+    idle loop: from the search's end until the request goes on."""
+    await rig.run(history("Set up the repo."), turn_id="t1")
+    answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+
+    listed = asyncio.Event()
+    read = rig.store.list
+
+    async def search(*args: Any, **kwargs: Any) -> list[Any]:
+        return await answer
+
+    async def list_(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await read(*args, **kwargs)
+        finally:
+            listed.set()
+
+    monkeypatch.setattr(rig.store, "search", search)
+    monkeypatch.setattr(rig.store, "list", list_)
+    going = asyncio.ensure_future(rig.run(
+        history("Set up the repo.", "Which port is the database on?"), turn_id="t2"))
+    await asyncio.wait_for(listed.wait(), 10)  # the turn's other read (its latest episodes)
+    for _ in range(10):
+        await asyncio.sleep(0)  # ... has reached the gather: only the search waits
+    assert not going.done()
+    answer.set_result([])
+    turns = 0
+    while not going.done():
+        await asyncio.sleep(0)  # one turn of the loop
+        turns += 1
+    assert not going.result().notes.memory_degraded
+    # The search's task, the gather, the recall's task, the turn's task, the request's wait,
+    # the request (8 with a gather inside a gather and wait_for(shield(...))).
+    assert turns <= 6
