@@ -40,7 +40,7 @@ from memory.lanes import Lane, name_os_thread
 
 __all__ = [
     "SMALL", "SMALL_BODY", "SMALL_ITEMS", "THREADS", "Child", "ChildUnavailable", "NoChild",
-    "Offload", "Pool", "Served", "placed", "sized", "small_history", "warm",
+    "Offload", "Pool", "Served", "fits", "placed", "sized", "small_history", "warm",
 ]
 
 log = logging.getLogger("ctxproxy.memory")
@@ -79,7 +79,12 @@ async def sized(
 ) -> T:
     """``fn(*args, **kwargs)`` in place when its input (``size`` characters) is SMALL, else
     through ``offload``."""
-    return await placed(offload, size <= SMALL, fn, *args, **kwargs)
+    return await placed(offload, fits(size), fn, *args, **kwargs)
+
+
+def fits(size: int) -> bool:
+    """Whether work on ``size`` characters runs in place (SMALL), not through the offload."""
+    return size <= SMALL
 
 
 async def placed(

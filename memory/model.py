@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -105,7 +105,9 @@ class Store(Protocol):
         """Insert or update by (scope, type, key); an existing record keeps its memory_id and
         created_at. Returns the stored records."""
 
-    async def get(self, memory_id: str) -> Memory | None: ...
+    # get, search and list may hand back a future with the read already under way (the
+    # SQLite store's): a turn's recall reads go out in the step that asks for them.
+    def get(self, memory_id: str) -> Awaitable[Memory | None]: ...
 
     async def delete(self, memory_ids: Sequence[str]) -> int:
         """Delete these records; returns how many were deleted."""
@@ -114,7 +116,7 @@ class Store(Protocol):
         """Delete these records and leave a tombstone for each (scope, type, key): no write
         of that key lands again, from any process. Returns how many were deleted."""
 
-    async def search(
+    def search(
         self,
         scope: Scope,
         query: str,
@@ -122,10 +124,10 @@ class Store(Protocol):
         types: Sequence[MemoryType] = MEMORY_TYPES,
         limit: int = 20,
         now: float | None = None,
-    ) -> list[Hit]:
+    ) -> Awaitable[list[Hit]]:
         """Ranked full-text search within one scope, skipping expired records."""
 
-    async def list(
+    def list(
         self,
         scope: Scope | None = None,
         *,
@@ -134,7 +136,7 @@ class Store(Protocol):
         since: float | None = None,
         limit: int = 100,
         now: float | None = None,
-    ) -> list[Memory]:
+    ) -> Awaitable[list[Memory]]:
         """Records newest first (by updated_at), filtered; ``scope=None`` lists every scope
         (the CLI's view). Expired records are skipped."""
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from config import Settings
-from memory.cpu import Offload, sized
+from memory.aio import done, joined
+from memory.cpu import Offload, fits, sized
 from memory.embed import Embedder, EmbedError
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
 from memory.snippets import (
@@ -288,21 +289,26 @@ class Recaller:
         semantic memory, each with its query-independent relevance."""
         return standing_of(await self.read_standing(scope, session, now), window)
 
-    async def read_standing(self, scope: Scope, session: str, now: float) -> Standing:
+    def read_standing(self, scope: Scope, session: str, now: float) -> asyncio.Future[Standing]:
         """What the standing selection chooses from, whatever the window (``standing_of``):
-        the reads can go out before the history is split."""
+        the reads can go out before the history is split, and go out now."""
         # No session (''): no working memory to read. A user's scope also shows what an
         # operator shared with every user of its team and agent (``memory add --shared``),
         # never what was distilled in the scope without a user.
         team = replace(scope, user="")
-        working, semantic, shared = await asyncio.gather(
+
+        def standing(reads: list[Any]) -> Standing:
+            working, semantic, shared = reads
+            return Standing(working, [*semantic,
+                                      *(m for m in shared if m.attrs.get("shared") is True)])
+
+        return joined([
             self._store.list(scope, types=["working"], session_id=session, now=now,
                              limit=STANDING_LIMIT if session else 0),
             self._store.list(scope, types=["semantic"], now=now, limit=STANDING_LIMIT),
             self._store.list(team, types=["semantic"], now=now,
                              limit=STANDING_LIMIT if scope.user else 0),
-        )
-        return Standing(working, [*semantic, *(m for m in shared if m.attrs.get("shared") is True)])
+        ], standing)
 
     def standing(self, candidates: Sequence[Candidate], now: float) -> list[Memory]:
         """The standing selection, in a fixed order (type, then age) so that its bytes do not
@@ -357,6 +363,13 @@ class Recaller:
                                  min_score=min_score, shown=shown)
         return picked, found.mode
 
+    def begin(self, scope: Scope, session: str, query: str, now: float) -> asyncio.Future[Found]:
+        """``gather``, its reads handed to the store now (a short prompt's: a long one is read
+        in a worker first)."""
+        if self.k <= 0 or not fits(len(query)):
+            return asyncio.ensure_future(self.gather(scope, session, query, now))
+        return self._reads(scope, session, query, *_read_query(query), now)
+
     async def gather(self, scope: Scope, session: str, query: str, now: float) -> Found:
         """What the store holds for ``query``: every read of a turn's recall, at once. What
         is shown of it is decided by ``pick``, which needs the standing selection: a turn
@@ -366,25 +379,34 @@ class Recaller:
         # A long prompt is searched as a whole and by each of its questions: the words of
         # the question are what the memory shares, the rest says what the task is about.
         asked, ids = await sized(self._offload, len(query), _read_query, query)
+        return await self._reads(scope, session, query, asked, ids, now)
+
+    def _reads(self, scope: Scope, session: str, query: str, asked: list[str],
+               ids: list[str], now: float) -> asyncio.Future[Found]:
         queries = [query, *asked]
-        # One gather, not one inside another: each level of them is a turn of the event loop
-        # between a read's end and the turn's recall going on, and a turn of a busy loop
-        # takes every other ready callback's time.
-        reads: list[Any] = await asyncio.gather(
+        n = len(queries)
+
+        def found(reads: list[Any]) -> Found:
+            searched, recent, (near, mode), named = (
+                reads[:n], reads[n], reads[n + 1], reads[n + 2:])
+            # get() looks across every scope: never let another scope's memory through.
+            mentioned = [m for m in named
+                         if m is not None and m.scope == scope and _alive(m, now)]
+            return Found(query, now, session, searched, recent, near, mode, mentioned)
+
+        # One join of every read, not gathers inside gathers: each level is a turn of the
+        # event loop between a read's end and the turn's recall going on.
+        return joined([
             *(self._store.search(scope, q, types=["episodic", "semantic"],
                                  limit=SEARCH_LIMIT, now=now)
               for q in queries),
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
                              now=now),
-            self._nearest(scope, asked or [query], now),
+            (done(([], "lexical")) if self._embedder is None
+             else self._nearest(scope, asked or [query], now)),
             *(self._store.get(i) for i in ids),
-        )
-        n = len(queries)
-        found, recent, (near, mode), named = reads[:n], reads[n], reads[n + 1], reads[n + 2:]
-        # get() looks across every scope: never let another scope's memory through.
-        mentioned = [m for m in named if m is not None and m.scope == scope and _alive(m, now)]
-        return Found(query, now, session, found, recent, near, mode, mentioned)
+        ], found)
 
     async def pick(
         self,

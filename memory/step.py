@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from bisect import bisect_right
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from cachetools import LRUCache
 from prometheus_client import Counter, Histogram
@@ -43,7 +44,7 @@ from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Memory, Scope, StoreError
 from memory.queue import WriteQueue
-from memory.recall import Candidate, Recaller, Standing, standing_of
+from memory.recall import Candidate, Found, Recaller, Standing, standing_of
 from memory.snippets import lines_of
 from memory.working import Working
 from request import Exchange, Identity, Item, Notes, digest
@@ -85,6 +86,21 @@ class Prepared:
     # answer waits for it (``before_answer``), at most until this (time.monotonic()).
     writing: asyncio.Future[list[Memory]] | None = field(default=None, compare=False)
     deadline: float = 0.0
+
+
+class _Begun(NamedTuple):
+    """A turn as its preparation began (MemoryStep._begin): its clocks, what the window
+    forwards, and the reads already out."""
+
+    began: float  # time.monotonic()
+    now: float  # time.time()
+    own: str  # the session whose working memory it has ('' when the client names none)
+    forwarded: list[tuple[int, TurnKey]]
+    newest: Shown | None  # the turn's recall, when an earlier request made it
+    found: asyncio.Future[Found] | None
+    pinned: Pinned | None
+    new_session: bool
+    reading: asyncio.Future[Standing] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +240,10 @@ class MemoryStep:
         ex.notes.memory_cache = "miss" if task is None else "hit"
         if task is None:
             # The turn's task, not the request's: a client that hangs up does not cancel it
-            # for the other requests of the turn waiting on it.
-            task = asyncio.create_task(self._prepare(scope, session, ex))
+            # for the other requests of the turn waiting on it. Its reads go out now, in this
+            # step of the loop (the task's first step is a turn of the loop later), in a
+            # context of their own where the lanes see the turn's marks.
+            task = contextvars.copy_context().run(self._begin, scope, session, ex)
             self._turns[key] = task
         if not task.done():
             # A slow store (a database going down, a lock held) costs this request at most
@@ -331,8 +349,8 @@ class MemoryStep:
         history = ex.history
         return (scope, session, history.turns, digest(history.prompt_text(history.turns - 1)))
 
-    async def _prepare(self, scope: Scope, session: str, ex: Exchange) -> Prepared:
-        start = time.perf_counter()
+    def _begin(self, scope: Scope, session: str, ex: Exchange) -> asyncio.Task[Prepared]:
+        """Mark the turn for the lanes, hand its reads to the store, and start its task."""
         # Every hop of this turn (and of the reads it starts) goes before later turns', while
         # its request can still use it.
         began = time.monotonic()
@@ -344,24 +362,38 @@ class MemoryStep:
         own = session if ex.identity.session_id else ""
         # What the window did, read now: a request that waits no longer may undo it.
         forwarded = _forwarded_turns(ex, scope, session)
-        first, masked = ex.first_turn, ex.masked_turns
         newest = self._shown.get(forwarded[-1][1]) if forwarded else None
         # This turn's recall reads go out first (they need only its prompt), beside the
         # split, working memory's writes and the standing selection's reads: only the pick
         # needs those. The search is the longest hop of a turn.
         history = ex.history
         found = (None if newest is not None  # this turn recalled already (a retry, ...)
-                 else asyncio.ensure_future(self._recaller.gather(
-                     scope, own, history.prompt_text(history.turns - 1), now)))
+                 else self._recaller.begin(scope, own, history.prompt_text(history.turns - 1),
+                                           now))
         # Until the window cuts, the forwarded history starts with the pinned block: what it
         # shows is the standing selection, and nothing needs reading. Else the reads go out
         # now too (the window only filters what they bring), but for a session new to this
         # process after its working memory is derived.
         pinned = self._pin(scope, session, forwarded[0][1] if forwarded else None)
         new_session = bool(own) and not self._working.knows(scope, session)
-        reading: asyncio.Future[Standing] | None = None
-        if pinned is None and not new_session:
-            reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
+        reading = (self._recaller.read_standing(scope, own, now)
+                   if pinned is None and not new_session else None)
+        task = asyncio.create_task(self._prepare(scope, session, ex, _Begun(
+            began, now, own, forwarded, newest, found, pinned, new_session, reading)))
+
+        def ended(_: asyncio.Task[Prepared]) -> None:
+            # Cancelled before its first step (a shutdown), the task never dropped them.
+            _drop(found)
+            _drop(reading)
+
+        task.add_done_callback(ended)
+        return task
+
+    async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
+        start = time.perf_counter()
+        began, now, own, forwarded, newest, found, pinned, new_session, reading = begun
+        first, masked = ex.first_turn, ex.masked_turns
+        history = ex.history
         writing: asyncio.Future[list[Memory]] | None = None
         written: asyncio.Future[list[Memory]] | None = None  # a new session's, for standing
         try:
@@ -408,7 +440,7 @@ class MemoryStep:
                 standing, used = list(pinned.chosen), pinned.used
             else:
                 if reading is None:  # a new session's, once its working memory is derived
-                    reading = asyncio.ensure_future(self._recaller.read_standing(scope, own, now))
+                    reading = self._recaller.read_standing(scope, own, now)
                 standing, used = await self._standing_for(
                     scope, own, reading, written, window, now)
             if found is not None:

@@ -29,6 +29,7 @@ import orjson
 from cachetools import LRUCache
 
 from config.files import WriteLock, private_file, wal
+from memory.aio import done
 from memory.cpu import ChildUnavailable, NoChild, Served
 from memory.lanes import Lane
 from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
@@ -406,11 +407,11 @@ class SqliteStore:
         await asyncio.wrap_future(executor.submit_last(self._lock.close))
         executor.shutdown(wait=False)
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    def _run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run ``fn(*args)`` on the writer thread; sqlite errors become StoreError."""
-        return await self._on(self._executor, fn, *args)
+        return self._on(self._executor, fn, *args)
 
-    async def _read(self, fn: Callable[..., T], *args: Any, search: bool = False) -> T:
+    def _read(self, fn: Callable[..., T], *args: Any, search: bool = False) -> asyncio.Future[T]:
         """Run the read ``fn(*args)`` on a reader thread (of the search lane when
         ``search``); as ``_run`` otherwise."""
 
@@ -419,18 +420,22 @@ class SqliteStore:
             return fn(*args)
 
         lane = self._searchers if search else self._readers
-        return await self._on(lane if self._conn is not None else None, read)
+        return self._on(lane if self._conn is not None else None, read)
 
-    async def _on(self, executor: Lane | None, fn: Callable[..., T],
-                  *args: Any) -> T:
-        if executor is None:
-            raise StoreError("sqlite: the memory store is not open")
+    def _on(self, executor: Lane | None, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``fn(*args)`` handed to ``executor`` now, as a future: a turn's reads go out in
+        the step of the loop that asks for them, and their end reaches it with no task
+        between (each is a turn of a busy loop)."""
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-        except (sqlite3.Error, OSError) as exc:  # OSError: the write lock's file
-            raise StoreError(f"sqlite: {exc}") from exc
-        except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
-            raise StoreError(f"sqlite: a row could not be read: {exc}") from exc
+            if executor is None:
+                raise StoreError("sqlite: the memory store is not open")
+            return loop.run_in_executor(executor, _guarded, fn, *args)
+        except (StoreError, RuntimeError) as exc:  # RuntimeError: the lane is shut down
+            failed: asyncio.Future[T] = loop.create_future()
+            failed.set_exception(exc if isinstance(exc, StoreError) else
+                                 StoreError(f"sqlite: the memory store is closing: {exc}"))
+            return failed
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
@@ -472,14 +477,14 @@ class SqliteStore:
                     stored.append(_memory(found))
         return stored
 
-    async def get(self, memory_id: str) -> Memory | None:
+    def get(self, memory_id: str) -> asyncio.Future[Memory | None]:
         def get() -> Memory | None:
             row = self._db().execute(
                 f"SELECT {_COLUMNS} FROM memories WHERE memory_id = ?", (memory_id,)
             ).fetchone()
             return _memory(row) if row else None
 
-        return await self._read(get)
+        return self._read(get)
 
     async def delete(self, memory_ids: Sequence[str]) -> int:
         if not memory_ids:
@@ -513,7 +518,7 @@ class SqliteStore:
 
         return await self._run(forget)
 
-    async def search(
+    def search(
         self,
         scope: Scope,
         query: str,
@@ -521,12 +526,12 @@ class SqliteStore:
         types: Sequence[MemoryType] = MEMORY_TYPES,
         limit: int = 20,
         now: float | None = None,
-    ) -> list[Hit]:
+    ) -> asyncio.Future[list[Hit]]:
         words = terms(query)
         if not words or not types or limit <= 0:
-            return []
+            return done([])
         at = time.time() if now is None else now
-        return await self._read(self._search, scope, words, list(types), limit, at, search=True)
+        return self._read(self._search, scope, words, list(types), limit, at, search=True)
 
     def _search(
         self, scope: Scope, words: list[str], types: list[str], limit: int, now: float
@@ -542,7 +547,7 @@ class SqliteStore:
                 log.warning("a memory search ran in a thread of the worker: %s", exc)
         return _search_in(self._db(), self._matches, scope, words, types, limit, now)
 
-    async def list(
+    def list(
         self,
         scope: Scope | None = None,
         *,
@@ -551,9 +556,9 @@ class SqliteStore:
         since: float | None = None,
         limit: int = 100,
         now: float | None = None,
-    ) -> list[Memory]:
+    ) -> asyncio.Future[builtins.list[Memory]]:
         if not types or limit <= 0:
-            return []
+            return done([])
         where = [f"m.type IN ({', '.join('?' * len(types))})"]
         where.append("(m.expires_at IS NULL OR m.expires_at > ?)")
         params: list[Any] = [*types, time.time() if now is None else now]
@@ -576,7 +581,7 @@ class SqliteStore:
             found = [_memory(row) for row in _json_rows(self._db(), sql, params, _COLUMNS)]
             return sorted(found, key=lambda m: (m.updated_at, m.memory_id), reverse=True)
 
-        return await self._read(list_)
+        return self._read(list_)
 
     async def stored(
         self, scope: Scope, kind: MemoryType, keys: Sequence[str]
@@ -803,6 +808,16 @@ def _statements(script: str) -> list[str]:
     if buffer.strip():
         out.append(buffer.strip())
     return out
+
+
+def _guarded(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, its sqlite errors as StoreError (in the thread that runs it)."""
+    try:
+        return fn(*args)
+    except (sqlite3.Error, OSError) as exc:  # OSError: the write lock's file
+        raise StoreError(f"sqlite: {exc}") from exc
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise StoreError(f"sqlite: a row could not be read: {exc}") from exc
 
 
 def _read_only(path: Path | str) -> sqlite3.Connection:

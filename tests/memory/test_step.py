@@ -237,7 +237,7 @@ async def test_a_turns_recall_reaches_its_request_a_few_loop_turns_after_the_sea
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under load each turn of the event loop takes every other ready callback's time, so
-    the levels of futures between the store's answer and the request (gathers inside
+    the levels of futures between the store's answer and the request (tasks, gathers inside
     gathers, a shield inside wait_for) each cost a turn of the busy loop. Counted here on an
     idle loop: from the search's end until the request goes on."""
     await rig.run(history("Set up the repo."), turn_id="t1")
@@ -246,14 +246,13 @@ async def test_a_turns_recall_reaches_its_request_a_few_loop_turns_after_the_sea
     listed = asyncio.Event()
     read = rig.store.list
 
-    async def search(*args: Any, **kwargs: Any) -> list[Any]:
-        return await answer
+    def search(*args: Any, **kwargs: Any) -> asyncio.Future[list[Any]]:
+        return answer  # as the SQLite store's: a future, the read under way
 
-    async def list_(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await read(*args, **kwargs)
-        finally:
-            listed.set()
+    def list_(*args: Any, **kwargs: Any) -> Any:
+        reading = read(*args, **kwargs)
+        reading.add_done_callback(lambda _: listed.set())
+        return reading
 
     monkeypatch.setattr(rig.store, "search", search)
     monkeypatch.setattr(rig.store, "list", list_)
@@ -261,7 +260,7 @@ async def test_a_turns_recall_reaches_its_request_a_few_loop_turns_after_the_sea
         history("Set up the repo.", "Which port is the database on?"), turn_id="t2"))
     await asyncio.wait_for(listed.wait(), 10)  # the turn's other read (its latest episodes)
     for _ in range(10):
-        await asyncio.sleep(0)  # ... has reached the gather: only the search waits
+        await asyncio.sleep(0)  # ... has reached the join: only the search waits
     assert not going.done()
     answer.set_result([])
     turns = 0
@@ -269,6 +268,33 @@ async def test_a_turns_recall_reaches_its_request_a_few_loop_turns_after_the_sea
         await asyncio.sleep(0)  # one turn of the loop
         turns += 1
     assert not going.result().notes.memory_degraded
-    # The search's task, the gather, the recall's task, the turn's task, the request's wait,
-    # the request (8 with a gather inside a gather and wait_for(shield(...))).
-    assert turns <= 6
+    # The join of the turn's reads, the turn's task, the request's wait, the request (8
+    # with a task a read, a gather inside a gather and wait_for(shield(...)); 6 with a task
+    # running the recall's gather).
+    assert turns <= 4
+
+
+async def test_a_turns_reads_go_out_in_the_step_that_finds_the_turn_new(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's reads are handed to the store before the request's step first lets the loop
+    go: no task between the request and its reads."""
+    await rig.run(history("Set up the repo."), turn_id="t1")
+    asked: list[str] = []
+    search, list_ = rig.store.search, rig.store.list
+
+    def searching(*args: Any, **kwargs: Any) -> Any:
+        asked.append("search")
+        return search(*args, **kwargs)
+
+    def listing(*args: Any, **kwargs: Any) -> Any:
+        asked.append(f"list {kwargs['types'][0]}")
+        return list_(*args, **kwargs)
+
+    monkeypatch.setattr(rig.store, "search", searching)
+    monkeypatch.setattr(rig.store, "list", listing)
+    going = asyncio.ensure_future(rig.run(
+        history("Set up the repo.", "Which port is the database on?"), turn_id="t2"))
+    await asyncio.sleep(0)  # the request's first step, up to its first wait
+    assert asked == ["search", "list episodic"]  # the standing block is pinned: no more
+    assert not (await going).notes.memory_degraded
