@@ -321,11 +321,11 @@ class MemoryStep:
             return
         _, writing, deadline = held
         left = deadline - time.monotonic()
-        if left > 0:
+        if left > 0 and not writing.done():
             # Past the budget the answer goes on without it; a failed write is counted (or
-            # logged, _written) where it failed.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(writing), left)
+            # logged, _written) where it failed. (asyncio.wait: the write's end reaches the
+            # answer a turn of the loop sooner than through wait_for(shield(...)).)
+            await asyncio.wait((writing,), timeout=left)
 
     async def close(self) -> None:
         """Cancel turns still being prepared and let the working-memory writes under way end

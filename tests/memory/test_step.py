@@ -298,3 +298,26 @@ async def test_a_turns_reads_go_out_in_the_step_that_finds_the_turn_new(
     await asyncio.sleep(0)  # the request's first step, up to its first wait
     assert asked == ["search", "list episodic"]  # the standing block is pinned: no more
     assert not (await going).notes.memory_degraded
+
+
+async def test_the_answer_goes_on_a_few_loop_turns_after_working_memory_is_written(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer of a turn that states a constraint waits for its working memory write;
+    the write's end reaches it in a few turns of the loop (each a busy loop's every ready
+    callback)."""
+    await rig.run(history("Port the CLI to Rust."), turn_id="t1")
+    stored: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    monkeypatch.setattr(rig.store, "upsert", lambda records: stored)
+    ex = await rig.run(history("Port the CLI to Rust.", "Never use unsafe code."), turn_id="t2")
+    answering = asyncio.ensure_future(rig.step.before_answer(ex.notes))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not answering.done()  # it waits for the write
+    stored.set_result([])
+    turns = 0
+    while not answering.done():
+        await asyncio.sleep(0)  # one turn of the loop
+        turns += 1
+    # The write's task, the answer's wait, the answer (4 through wait_for(shield(...))).
+    assert turns <= 3
