@@ -27,7 +27,7 @@ import contextvars
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -86,6 +86,55 @@ class Prepared:
     # answer waits for it (``before_answer``), at most until this (time.monotonic()).
     writing: asyncio.Future[list[Memory]] | None = field(default=None, compare=False)
     deadline: float = 0.0
+
+
+class _Turn:
+    """A user turn's preparation (its task), and the requests waiting for it: each woken
+    from the task's last step, a turn of the event loop sooner than through the task's own
+    callbacks (asyncio.wait), and a turn of a busy loop takes every other ready callback's
+    time."""
+
+    __slots__ = ("_waiting", "task")
+
+    def __init__(self, work: Coroutine[Any, Any, Prepared]) -> None:
+        self._waiting: list[asyncio.Future[None]] = []
+        self.task = asyncio.create_task(self._run(work))
+        self.task.add_done_callback(lambda _: self._ended(work))
+
+    async def _run(self, work: Coroutine[Any, Any, Prepared]) -> Prepared:
+        try:
+            return await work
+        finally:
+            self._wake_all()
+
+    def _ended(self, work: Coroutine[Any, Any, Prepared]) -> None:
+        # A task cancelled before its first step (a shutdown) never started ``work`` nor ran
+        # _run's finally.
+        work.close()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for waiter in self._waiting:
+            _wake(waiter)
+        self._waiting.clear()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the task has ended, or ``timeout_s`` has passed (the task goes on)."""
+        if self.task.done():
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiting.append(waiter)
+        timer = loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class _Begun(NamedTuple):
@@ -209,7 +258,7 @@ class MemoryStep:
         # request's Notes: the one object the relay and this step both see. The entry holds
         # the Notes, so its id names no other object while it is here.
         self._awaiting: LRUCache[int, Awaiting] = LRUCache(AWAITING)
-        self._turns: LRUCache[tuple[object, ...], asyncio.Task[Prepared]] = LRUCache(
+        self._turns: LRUCache[tuple[object, ...], _Turn] = LRUCache(
             TURNS_CACHED
         )
         # (scope, session) -> (candidates' signature, the standing selection)
@@ -236,22 +285,19 @@ class MemoryStep:
             self._awaiting[id(ex.notes)] = Awaiting(
                 ex.notes, scope, session, pending, len(ex.raw))
         key = self._turn_key(scope, session, ex)
-        task = self._turns.get(key)
-        ex.notes.memory_cache = "miss" if task is None else "hit"
-        if task is None:
+        turn = self._turns.get(key)
+        ex.notes.memory_cache = "miss" if turn is None else "hit"
+        if turn is None:
             # The turn's task, not the request's: a client that hangs up does not cancel it
             # for the other requests of the turn waiting on it. Its reads go out now, in this
             # step of the loop (the task's first step is a turn of the loop later), in a
             # context of their own where the lanes see the turn's marks.
-            task = contextvars.copy_context().run(self._begin, scope, session, ex)
-            self._turns[key] = task
-        if not task.done():
-            # A slow store (a database going down, a lock held) costs this request at most
-            # the budget; the turn's work goes on and later requests of the turn get its
-            # result. (Not wait_for(shield(task)): through it, the task's end reaches this
-            # request a turn of the loop later, and a turn of a busy loop takes every other
-            # ready callback's time.)
-            await asyncio.wait((task,), timeout=self._budget_s)
+            turn = contextvars.copy_context().run(self._begin, scope, session, ex)
+            self._turns[key] = turn
+        task = turn.task
+        # A slow store (a database going down, a lock held) costs this request at most the
+        # budget; the turn's work goes on and later requests of the turn get its result.
+        await turn.wait(self._budget_s)
         if not task.done():
             self._health.failed("memory in time", TimeoutError("store too slow"))
             self._without_memory(ex, scope, session)
@@ -332,7 +378,7 @@ class MemoryStep:
         (shutdown)."""
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
-        tasks = list(self._turns.values())
+        tasks = [turn.task for turn in self._turns.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -349,7 +395,7 @@ class MemoryStep:
         history = ex.history
         return (scope, session, history.turns, digest(history.prompt_text(history.turns - 1)))
 
-    def _begin(self, scope: Scope, session: str, ex: Exchange) -> asyncio.Task[Prepared]:
+    def _begin(self, scope: Scope, session: str, ex: Exchange) -> _Turn:
         """Mark the turn for the lanes, hand its reads to the store, and start its task."""
         # Every hop of this turn (and of the reads it starts) goes before later turns', while
         # its request can still use it.
@@ -378,7 +424,7 @@ class MemoryStep:
         new_session = bool(own) and not self._working.knows(scope, session)
         reading = (self._recaller.read_standing(scope, own, now)
                    if pinned is None and not new_session else None)
-        task = asyncio.create_task(self._prepare(scope, session, ex, _Begun(
+        turn = _Turn(self._prepare(scope, session, ex, _Begun(
             began, now, own, forwarded, newest, found, pinned, new_session, reading)))
 
         def ended(_: asyncio.Task[Prepared]) -> None:
@@ -386,8 +432,8 @@ class MemoryStep:
             _drop(found)
             _drop(reading)
 
-        task.add_done_callback(ended)
-        return task
+        turn.task.add_done_callback(ended)
+        return turn
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
         start = time.perf_counter()
