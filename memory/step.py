@@ -436,7 +436,6 @@ class MemoryStep:
         return turn
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
-        start = time.perf_counter()
         began, now, own, forwarded, newest, found, pinned, new_session, reading = begun
         first, masked = ex.first_turn, ex.masked_turns
         history = ex.history
@@ -513,7 +512,8 @@ class MemoryStep:
             elif writing is not None:
                 self._keep(writing)
             if self._recall_seconds is not None:
-                self._recall_seconds.observe(time.perf_counter() - start)
+                # From the turn's first step (_begin), its reads' start.
+                self._recall_seconds.observe(time.monotonic() - began)
         if self._recalled is not None:
             self._recalled.inc(len(standing) + len(recalled))
         if self._recall_modes is not None and mode is not None:
