@@ -96,10 +96,13 @@ class _Turn:
 
     __slots__ = ("_waiting", "task")
 
-    def __init__(self, work: Coroutine[Any, Any, Prepared]) -> None:
+    def __init__(
+        self, work: Coroutine[Any, Any, Prepared], reads: tuple[asyncio.Future[Any] | None, ...]
+    ) -> None:
+        """``work`` in a task; ``reads``: the ones it started with, which it drops as it ends."""
         self._waiting: list[asyncio.Future[None]] = []
         self.task = asyncio.create_task(self._run(work))
-        self.task.add_done_callback(lambda _: self._ended(work))
+        self.task.add_done_callback(lambda _: self._ended(work, reads))
 
     async def _run(self, work: Coroutine[Any, Any, Prepared]) -> Prepared:
         try:
@@ -107,10 +110,14 @@ class _Turn:
         finally:
             self._wake_all()
 
-    def _ended(self, work: Coroutine[Any, Any, Prepared]) -> None:
-        # A task cancelled before its first step (a shutdown) never started ``work`` nor ran
-        # _run's finally.
+    def _ended(
+        self, work: Coroutine[Any, Any, Prepared], reads: tuple[asyncio.Future[Any] | None, ...]
+    ) -> None:
+        # A task cancelled before its first step (a shutdown) never started ``work`` (which
+        # drops its reads) nor ran _run's finally.
         work.close()
+        for read in reads:
+            _drop(read)
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -424,16 +431,9 @@ class MemoryStep:
         new_session = bool(own) and not self._working.knows(scope, session)
         reading = (self._recaller.read_standing(scope, own, now)
                    if pinned is None and not new_session else None)
-        turn = _Turn(self._prepare(scope, session, ex, _Begun(
-            began, now, own, forwarded, newest, found, pinned, new_session, reading)))
-
-        def ended(_: asyncio.Task[Prepared]) -> None:
-            # Cancelled before its first step (a shutdown), the task never dropped them.
-            _drop(found)
-            _drop(reading)
-
-        turn.task.add_done_callback(ended)
-        return turn
+        return _Turn(self._prepare(scope, session, ex, _Begun(
+            began, now, own, forwarded, newest, found, pinned, new_session, reading)),
+            (found, reading))
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
         began, now, own, forwarded, newest, found, pinned, new_session, reading = begun
