@@ -427,15 +427,16 @@ class SqliteStore:
         the step of the loop that asks for them, and their end reaches it with no task
         between (each is a turn of a busy loop)."""
         loop = asyncio.get_running_loop()
-        try:
-            if executor is None:
-                raise StoreError("sqlite: the memory store is not open")
-            return loop.run_in_executor(executor, _guarded, fn, *args)
-        except (StoreError, RuntimeError) as exc:  # RuntimeError: the lane is shut down
-            failed: asyncio.Future[T] = loop.create_future()
-            failed.set_exception(exc if isinstance(exc, StoreError) else
-                                 StoreError(f"sqlite: the memory store is closing: {exc}"))
-            return failed
+        if executor is None:
+            failure = StoreError("sqlite: the memory store is not open")
+        else:
+            try:
+                return loop.run_in_executor(executor, _guarded, fn, *args)
+            except RuntimeError as exc:  # the lane is shut down
+                failure = StoreError(f"sqlite: the memory store is closing: {exc}")
+        failed: asyncio.Future[T] = loop.create_future()
+        failed.set_exception(failure)
+        return failed
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
