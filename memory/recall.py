@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -403,8 +403,7 @@ class Recaller:
             self._store.list(scope, types=["episodic"], session_id=session,
                              since=now - RECENT_WINDOW_S, limit=SEARCH_LIMIT if session else 0,
                              now=now),
-            (done(([], "lexical")) if self._embedder is None
-             else self._nearest(scope, asked or [query], now)),
+            self._nearest(scope, asked or [query], now),
             *(self._store.get(i) for i in ids),
         ], found)
 
@@ -450,19 +449,25 @@ class Recaller:
             rankings=rankings,
         )
 
-    async def _nearest(
+    def _nearest(
         self, scope: Scope, asked: Sequence[str], now: float
-    ) -> tuple[list[list[Hit]], Mode]:
+    ) -> Awaitable[tuple[list[list[Hit]], Mode]]:
         """For each question, the memories nearest its meaning; none, and why, when that
         fails. A long prompt is asked as its questions, each embedded on its own (in one
         call): one vector of two questions is near neither's answer, and of a whole prompt
-        mostly its task (a model reads only its first few hundred tokens anyway)."""
+        mostly its task (a model reads only its first few hundred tokens anyway). With
+        nothing to embed, a future that has the answer already (no task to run)."""
         asked = [q for q in asked if q.strip()]
         if self._embedder is None or not asked:
-            return [], "lexical"
-        model = self._embedder.model
+            return done(([], "lexical"))
+        return self._embedded(self._embedder, scope, asked, now)
+
+    async def _embedded(
+        self, embedder: Embedder, scope: Scope, asked: list[str], now: float
+    ) -> tuple[list[list[Hit]], Mode]:
+        model = embedder.model
         try:
-            vectors = await self._embedder.embed(asked, timeout_s=self._query_timeout_s)
+            vectors = await embedder.embed(asked, timeout_s=self._query_timeout_s)
             near = await asyncio.gather(*(
                 self._store.vector_search(scope, vector, model, types=VECTOR_TYPES,
                                           limit=SEARCH_LIMIT, now=now)
