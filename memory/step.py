@@ -137,6 +137,10 @@ class _Turn:
             await waiter
         finally:
             timer.cancel()
+            # Woken by the timer (or cancelled): the task may go on for long (a store that
+            # hangs), and each request of the turn would leave its waiter here until it ends.
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(waiter)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

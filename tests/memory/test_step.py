@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from memory.health import Health
 from memory.ingest import Ingester
 from memory.queue import WriteQueue
 from memory.recall import Recaller, Weights
-from memory.step import MemoryStep
+from memory.step import MemoryStep, _Turn
 from memory.store_sqlite import SqliteStore
 from memory.working import Working
 from proxy.memory_wiring import _cost
@@ -321,3 +322,29 @@ async def test_the_answer_goes_on_a_few_loop_turns_after_working_memory_is_writt
         turns += 1
     # The write's task, the answer's wait, the answer (4 through wait_for(shield(...))).
     assert turns <= 3
+
+
+async def test_a_request_that_stops_waiting_leaves_nothing_behind_in_its_turn() -> None:
+    """Requests of a turn whose preparation hangs (a store that does not answer) each wait
+    at most their budget; none of them stays referenced by the turn after it has gone."""
+    hanging: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def work() -> Any:
+        return await hanging
+
+    turn = _Turn(work(), ())
+    for _ in range(50):
+        await turn.wait(0.001)
+    waiter = asyncio.ensure_future(turn.wait(10))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    assert not turn.task.done()
+    assert turn._waiting == []
+    # One that is still waiting is woken when the work ends.
+    waiting = asyncio.ensure_future(turn.wait(10))
+    await asyncio.sleep(0)
+    hanging.set_result(None)
+    await asyncio.wait_for(waiting, 1)
+    assert turn._waiting == []
