@@ -85,7 +85,10 @@ class Ingester:
         # Only turns not yet stored as they are get rendered and redacted: the rest of a long
         # session costs a dictionary lookup, or once per process a lookup in the store.
         todo = [t for t in turns if t.complete and known.get(t.key) is not t.in_window]
-        unseen = [t.key for t in todo if t.key not in known]
+        # A turn its answer just completed is in no store yet (its key is its content's, and
+        # no request has resent it): written as it is, with no read first. Stored twice (a
+        # retry), the upsert keeps one record.
+        unseen = [] if answer else [t.key for t in todo if t.key not in known]
         stored = await self._store.stored(scope, "episodic", unseen) if unseen else {}
         before = {**known, **stored}
         # A turn stored already has its content in its key: one that left the window gets

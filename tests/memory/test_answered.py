@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
 from memory.turns import answered, last, split
 from request import History
 from tests.conftest import ProxyFactory
@@ -90,3 +95,26 @@ def test_an_answer_that_calls_a_tool_does_not_end_the_turn() -> None:
             "arguments": "{}"}
     assert answered("s", pending, [call]) is None
     assert answered("s", pending, []) is None
+
+
+async def test_an_answered_turn_is_written_without_asking_the_store_first(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its key is made of its content, which no request has sent yet: a read of what the
+    # store holds under it would find nothing, and cost a round trip a turn.
+    s = Session(await start_proxy(**backend.settings), upstream)
+    store = runtime(s.proxy).store
+    asked: list[list[str]] = []
+    stored = store.stored
+
+    def counting(scope: Any, kind: str, keys: Sequence[str]) -> Any:
+        asked.append(list(keys))
+        return stored(scope, kind, keys)
+
+    monkeypatch.setattr(store, "stored", counting)
+    await s.say("Where do the migrations live?")
+    await s.say("And the seeds?")
+
+    assert [e[0] for e in await _episodes(s)] == [0, 1]
+    assert asked == []
