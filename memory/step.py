@@ -27,6 +27,7 @@ import contextvars
 import logging
 import time
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -57,6 +58,7 @@ TURNS_CACHED = 4096
 STANDING_CACHED = 4096
 RECALLS_CACHED = 16384  # turns' recall messages (a few hundred bytes each)
 AWAITING = 1024  # requests in flight whose answer may complete their turn (one turn each)
+AWAITING_BYTES = 256 * 1024 * 1024  # and their request bytes, at most
 
 # (scope, session, the prompt's key, the turn's position in the history)
 TurnKey = tuple[Scope, str, str, int]
@@ -267,8 +269,10 @@ class MemoryStep:
         self._offload = offload
         # The newest turn of each request waiting for its answer (see ``answered``), by the
         # request's Notes: the one object the relay and this step both see. The entry holds
-        # the Notes, so its id names no other object while it is here.
-        self._awaiting: LRUCache[int, Awaiting] = LRUCache(AWAITING)
+        # the Notes, so its id names no other object while it is here. A request leaves it
+        # as it ends (``ended``), answered or not; bounded by count and by request bytes.
+        self._awaiting: OrderedDict[int, Awaiting] = OrderedDict()
+        self._awaiting_bytes = 0
         self._turns: LRUCache[tuple[object, ...], _Turn] = LRUCache(
             TURNS_CACHED
         )
@@ -293,8 +297,7 @@ class MemoryStep:
         scope = scope_of(self._settings, ex.identity)
         pending = turns_.last(session, ex.history, ex.first_turn)
         if pending is not None:
-            self._awaiting[id(ex.notes)] = Awaiting(
-                ex.notes, scope, session, pending, len(ex.raw))
+            self._await(Awaiting(ex.notes, scope, session, pending, len(ex.raw)))
         key = self._turn_key(scope, session, ex)
         turn = self._turns.get(key)
         ex.notes.memory_cache = "miss" if turn is None else "hit"
@@ -355,8 +358,8 @@ class MemoryStep:
         ``response.completed`` output items, about ``size`` bytes): when it ends the user
         turn, the turn is stored now, on the write queue, under the key it gets when the next
         request resends it. True when a write was queued."""
-        waiting = self._awaiting.pop(id(notes), None)
-        if waiting is None or waiting.notes is not notes or not turns_.is_final(output):
+        waiting = self._unawait(notes)
+        if waiting is None or not turns_.is_final(output):
             return False
         scope, session, pending, now = waiting.scope, waiting.session, waiting.turn, time.time()
         small = small_history(len(pending.items) + len(output), waiting.size + size)
@@ -367,6 +370,37 @@ class MemoryStep:
                 await self._ingester.write(scope, session, [turn], now=now, answer=True)
 
         return self._queue.put(store, size, key=(scope, session))
+
+    def ended(self, notes: Notes) -> None:
+        """The request whose exchange has ``notes`` is over (answered, refused by the
+        upstream, broken, or its client gone): nothing of it is kept for its answer."""
+        self._unawait(notes)
+        held = self._holding.get(id(notes))
+        if held is not None and held[0] is notes:
+            del self._holding[id(notes)]
+
+    @property
+    def awaiting(self) -> tuple[int, int]:
+        """Requests whose answer may still complete their turn, and their request bytes."""
+        return len(self._awaiting), self._awaiting_bytes
+
+    def _await(self, waiting: Awaiting) -> None:
+        # The oldest go first past either bound: their turns are stored when resent.
+        while self._awaiting and (len(self._awaiting) >= AWAITING
+                                  or self._awaiting_bytes + waiting.size > AWAITING_BYTES):
+            _, oldest = self._awaiting.popitem(last=False)
+            self._awaiting_bytes -= oldest.size
+        if waiting.size <= AWAITING_BYTES:
+            self._awaiting[id(waiting.notes)] = waiting
+            self._awaiting_bytes += waiting.size
+
+    def _unawait(self, notes: Notes) -> Awaiting | None:
+        waiting = self._awaiting.get(id(notes))
+        if waiting is None or waiting.notes is not notes:
+            return None
+        del self._awaiting[id(notes)]
+        self._awaiting_bytes -= waiting.size
+        return waiting
 
     async def before_answer(self, notes: Notes) -> None:
         """Wait until the working memory of the turn whose request had ``notes`` is written

@@ -48,6 +48,8 @@ ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
 # memory side's writes that went on while it was forwarded).
 BeforeAnswer = Callable[[Notes], Awaitable[None]]
 BEFORE_ANSWER: web.AppKey[BeforeAnswer] = web.AppKey("before_answer")
+# Told that the request whose exchange had these Notes is over, answered or not.
+ENDED: web.AppKey[Callable[[Notes], object]] = web.AppKey("ended")
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
@@ -378,33 +380,40 @@ async def responses(request: web.Request) -> web.StreamResponse:
     ex: Exchange | None = None
     client_body: dict[str, Any] | None = None
     try:
-        ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
-                                      request.get(PRINCIPAL))
-    except NotAResponsesRequest as exc:
-        _forward_as_sent(app, info, exc)
-    else:
-        client_body = dict(ex.body)  # steps may replace its keys, never the values in them
-        failed = await app[PIPELINE].run(ex)
         try:
-            body = await _off_loop_if_large(raw, ex.serialise)
+            ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
+                                          request.get(PRINCIPAL))
         except NotAResponsesRequest as exc:
             _forward_as_sent(app, info, exc)
-        info.session_id = ex.identity.session_id
-        info.turns_in = ex.history.turns
-        info.turns_forwarded = ex.turns_forwarded
-        info.items_cut = len(ex.cut)
-        info.notes = ex.notes
-        info.steps_failed = failed or None
-        if ex.first_turn:
-            app[METRICS].turns_cut.inc(ex.first_turn)
-    # Bytes, not tokens: no tokenizer on the request path (tokens: input_tokens below).
-    info.bytes_in = len(raw)
-    info.bytes_forwarded = len(body)
-    info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
-    request[SENT] = Sent(at, raw, body, ex, client_body,
-                         ex.body if ex is not None and body is not raw else None)
-    info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
-    return await relay(request, "responses", body, tap_usage=True)
+        else:
+            client_body = dict(ex.body)  # steps may replace its keys, never the values in them
+            failed = await app[PIPELINE].run(ex)
+            try:
+                body = await _off_loop_if_large(raw, ex.serialise)
+            except NotAResponsesRequest as exc:
+                _forward_as_sent(app, info, exc)
+            info.session_id = ex.identity.session_id
+            info.turns_in = ex.history.turns
+            info.turns_forwarded = ex.turns_forwarded
+            info.items_cut = len(ex.cut)
+            info.notes = ex.notes
+            info.steps_failed = failed or None
+            if ex.first_turn:
+                app[METRICS].turns_cut.inc(ex.first_turn)
+        # Bytes, not tokens: no tokenizer on the request path (tokens: input_tokens below).
+        info.bytes_in = len(raw)
+        info.bytes_forwarded = len(body)
+        info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
+        request[SENT] = Sent(at, raw, body, ex, client_body,
+                             ex.body if ex is not None and body is not raw else None)
+        info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
+        return await relay(request, "responses", body, tap_usage=True)
+    finally:
+        # Whatever became of it (answered, refused upstream, broken, its client gone), the
+        # memory side keeps nothing more of it.
+        ended = app.get(ENDED)
+        if ex is not None and ended is not None:
+            ended(ex.notes)
 
 
 T = TypeVar("T")

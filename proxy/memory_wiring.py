@@ -25,7 +25,7 @@ from memory.recall import Recaller, Weights
 from memory.step import MemoryStep
 from memory.stores import make_store
 from memory.working import Working
-from proxy.app import ANSWERED, BEFORE_ANSWER, METRICS, SETTINGS
+from proxy.app import ANSWERED, BEFORE_ANSWER, ENDED, METRICS, SETTINGS
 from request import Notes, Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
@@ -172,6 +172,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen, indexer)
     app[ANSWERED] = _answered(memory_step)
     app[BEFORE_ANSWER] = memory_step.before_answer
+    app[ENDED] = memory_step.ended
     try:
         yield
     finally:

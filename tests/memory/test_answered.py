@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 import pytest
 
 from memory.turns import answered, last, split
@@ -13,7 +16,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend
-from tests.memory.session import Session, runtime
+from tests.memory.session import Session, exchange, runtime
 
 
 async def _episodes(s: Session) -> list[tuple[int, str, str]]:
@@ -74,6 +77,46 @@ async def test_a_turn_that_goes_on_after_an_answer_replaces_the_answered_record(
     assert "Tool call exec_command" in episodes[0][2]
 
 
+async def test_a_request_that_ends_unanswered_keeps_nothing_for_its_answer(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    # Refused by the upstream (a context too long, say), broken mid-stream, or answered:
+    # none of them leaves the request's turn held for an answer that will not come.
+    s = Session(await start_proxy(), upstream)
+    upstream.then_error(400).then_raw_sse([b"event: response.created\n\n"], break_after=1)
+    s.items = [*s.items, codex.text("user", "Where do the migrations live? " + "x" * 50_000)]
+    hdrs = codex.headers(session_id=s.session_id, turn_id="t")
+    assert (await exchange(s.proxy.url, codex.request(s.items, s.session_id), hdrs))[0] == 400
+    with contextlib.suppress(aiohttp.ClientError):
+        await exchange(s.proxy.url, codex.request(s.items, s.session_id), hdrs)
+    await s.say("And the seeds?")
+
+    assert runtime(s.proxy).step.awaiting == (0, 0)
+
+
+async def test_requests_awaiting_their_answer_are_bounded_by_bytes(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Room for one of these requests, not two: the older goes (its turn is stored when the
+    # session resends it), the newer is kept, and both are gone once answered.
+    monkeypatch.setattr("memory.step.AWAITING_BYTES", 150_000)
+    proxy = await start_proxy()
+    upstream.then_delay(0.5).then_delay(0.5)
+
+    async def ask(session: str) -> int:
+        items = [*codex.context_items(), codex.text("user", "Which port? " + "y" * 100_000)]
+        hdrs = codex.headers(session_id=session, turn_id=f"{session}-t")
+        return (await exchange(proxy.url, codex.request(items, session), hdrs))[0]
+
+    both = asyncio.gather(ask("a"), ask("b"))
+    while len(upstream.received) < 2:
+        await asyncio.sleep(0.01)
+    held, held_bytes = runtime(proxy).step.awaiting
+    assert held == 1 and 100_000 < held_bytes <= 150_000
+    assert list(await both) == [200, 200]
+    assert runtime(proxy).step.awaiting == (0, 0)
+
+
 def test_the_answered_turn_gets_the_key_the_next_request_gives_it() -> None:
     items = codex.session(2)
     history = History(items)
@@ -108,7 +151,7 @@ async def test_an_answered_turn_is_written_without_asking_the_store_first(
     asked: list[list[str]] = []
     stored = store.stored
 
-    def counting(scope: Any, kind: str, keys: Sequence[str]) -> Any:
+    def counting(scope: Any, kind: Any, keys: Sequence[str]) -> Any:
         asked.append(list(keys))
         return stored(scope, kind, keys)
 
