@@ -23,6 +23,7 @@ from memory.turns import USER_CHARS, Turn, render
 __all__ = ["Ingester", "episodes"]
 
 _SESSIONS = 4096
+_KEYS = 262_144  # turn keys known as stored, over all sessions (about 200 bytes each)
 _ANSWERS = 4096
 
 
@@ -66,8 +67,10 @@ class Ingester:
         self._on_new = on_new
         self._on_written = on_written  # the records as stored (embedding, memory.indexer)
         self._offload = offload
-        # (scope, session) -> {turn key: in_window as stored}
+        # (scope, session) -> {turn key: in_window as stored}, and how many keys in all: a
+        # session that falls out is looked up in the store again, by key, when next written.
         self._known: OrderedDict[tuple[Scope, str], dict[str, bool]] = OrderedDict()
+        self._keys = 0
         # (scope, session, prompt key) -> (key, memory id) of a turn stored from its answer
         self._answered: LRUCache[tuple[Scope, str, str], tuple[str, str]] = LRUCache(_ANSWERS)
 
@@ -123,7 +126,8 @@ class Ingester:
                 self._answered[where] = (memory.key, memory.memory_id)
 
     def _remember(self, where: tuple[Scope, str], known: dict[str, bool]) -> None:
+        self._keys += len(known) - len(self._known.pop(where, {}))
         self._known[where] = known
-        self._known.move_to_end(where)
-        while len(self._known) > _SESSIONS:
-            self._known.popitem(last=False)
+        while len(self._known) > 1 and (len(self._known) > _SESSIONS or self._keys > _KEYS):
+            _, gone = self._known.popitem(last=False)
+            self._keys -= len(gone)

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
+
 from memory.health import Health
 from memory.ingest import Ingester
 from memory.model import Scope, Store, StoreError
@@ -131,3 +133,28 @@ async def test_a_turn_that_leaves_the_window_is_not_rendered_again(store: Store)
     flags = await store.stored(scope, "episodic", list(texts))
     assert flags == {t.key: t.in_window for t in again if t.complete}
     assert {m.key: m.text for m in await store.list(scope, types=["episodic"], limit=100)} == texts
+
+
+async def test_the_turn_keys_known_as_stored_are_bounded_the_oldest_session_asked_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("memory.ingest._KEYS", 8)  # room for one session's turns, not two
+    asked: list[str] = []
+    stored = store.stored
+
+    def counting(scope: Scope, kind: Any, keys: Any) -> Any:
+        asked.append(scope.agent_id)
+        return stored(scope, kind, keys)
+
+    monkeypatch.setattr(store, "stored", counting)
+    writer = Ingester(store)
+    turns = split("sess", History(codex.session(6)))
+    a, b = Scope("svc", "team", "a", "user"), Scope("svc", "team", "b", "user")
+    await writer.write(a, "sess", turns, now=time.time())
+    await writer.write(b, "sess", turns, now=time.time())
+    assert asked == ["a", "b"]
+
+    assert await writer.write(b, "sess", turns, now=time.time()) == 0  # still known
+    assert asked == ["a", "b"]
+    assert await writer.write(a, "sess", turns, now=time.time()) == 0  # forgotten: asked
+    assert asked == ["a", "b", "a"]
