@@ -673,3 +673,35 @@ async def test_a_sessions_writes_queued_behind_a_slow_store_are_done_once_and_lo
     assert len({m.key for m in episodes}) == 6
     assert not registry.get_sample_value(
         "ctxproxy_ingest_queue_dropped_total", {"reason": "jobs"})
+
+
+async def test_writes_over_the_queues_bytes_are_refused_then_derived_again(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each write counts the bytes of the request it came with: behind a held store, a
+    # session of 60 KB prompts passes 0.15 MiB in a few turns, and what is refused is not lost.
+    proxy = await start_proxy(**backend.settings, ingest_queue_mb=0.15)
+    store = runtime(proxy).store
+    release = asyncio.Event()
+    upsert = store.upsert
+
+    async def slow(memories: Any) -> Any:
+        if any(m.type == "episodic" for m in memories):
+            await release.wait()
+        return await upsert(memories)
+
+    monkeypatch.setattr(store, "upsert", slow)
+    s = Session(proxy, upstream)
+    for n in range(1, 6):
+        await s.say(f"turn {n}: please read this log " + f"line {n} " * 8_000)
+    registry = proxy.app[METRICS].registry
+    refused = registry.get_sample_value("ctxproxy_ingest_queue_dropped_total", {"reason": "bytes"})
+    assert refused and refused >= 1
+    release.set()
+    await runtime(proxy).queue.join()
+    await s.say("Summarise.")
+    await runtime(proxy).queue.join()
+
+    episodes = await store.list(None, types=["episodic"], limit=100)
+    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5]
