@@ -229,6 +229,14 @@ async def test_a_short_turns_work_runs_in_place_and_a_long_ones_in_a_worker(
     ex = await rig.run(items, turn_id="t-long")
     assert {"split", "derive"} <= set(sent)
     assert "5403" in orjson.dumps(ex.body).decode()
+
+    # A long question: reading it (its words, its questions) and the pick (snippets and
+    # token counts over the question and the candidates) in a worker.
+    sent.clear()
+    question = "Which port does the 3rd service listen on? " + "Be precise, please. " * 2000
+    ex = await rig.run(history(*facts, question), turn_id="t-long-question")
+    assert {"_read_query", "_pick"} <= set(sent)
+    assert "5403" in orjson.dumps(ex.body).decode()
     await step.close()
     await queue.close()
     await store.close()
