@@ -22,7 +22,7 @@ from config.logs import fields
 from proxy import bodies, targets
 from proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
-from proxy.headers import request_headers, response_headers
+from proxy.headers import check_utf8, request_headers, response_headers
 from proxy.metrics import Metrics, combine, sample_loop_lag
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
@@ -238,6 +238,7 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
     request[ACCESS] = info = Access()
     status = 500
     try:
+        check_utf8(request.headers)
         response = await handler(request)
         status = response.status
         return response

@@ -60,14 +60,20 @@ def request_headers(
     """
     drop = ("authorization",) if upstream_authorization else ()
     out = _copy(headers, (*drop, "content-encoding") if body_decoded else drop)
-    for name, value in out.items():
-        if not value.isascii() and not _utf8(value):
-            # aiohttp decoded bytes that are not UTF-8 to surrogates, and its client would
-            # send them altered: refuse rather than forward a changed header.
-            raise BadRequest(f"header {name} is not valid UTF-8")
     if upstream_authorization:
         out["Authorization"] = upstream_authorization
     return out
+
+
+def check_utf8(headers: CIMultiDictProxy[str]) -> None:
+    """Refuse a request with a header that is not UTF-8 before anything reads it.
+
+    aiohttp decodes such bytes to lone surrogates: an identity digested from one, a store
+    row or a log line holding one, or the header forwarded (aiohttp's client would send it
+    altered) would each fail or change it somewhere later."""
+    for name, value in headers.items():
+        if not value.isascii() and not _utf8(value):
+            raise BadRequest(f"header {name} is not valid UTF-8")
 
 
 def _utf8(value: str) -> bool:
