@@ -140,12 +140,13 @@ class Pool:
         if self._child is not None:
             await self._child.start()
 
-    def close(self) -> None:
-        """Stop taking work; what runs finishes on its own (the side's tasks are gone)."""
+    async def close(self) -> None:
+        """Stop taking work; what runs in the threads finishes on its own (the side's tasks
+        are gone), and the child process has ended when this returns."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._background.shutdown(wait=False, cancel_futures=True)
         if self._child is not None:
-            self._child.close()
+            await asyncio.to_thread(self._child.close, wait=True)
 
 
 class ChildUnavailable(Exception):
@@ -210,10 +211,14 @@ class Child:
             self.close()
             raise NoChild(f"no child process: {exc}") from exc
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = False) -> None:
+        """Stop the child; ``wait``: until it has ended. A worker process must wait (its
+        exit would otherwise race the executor's manager thread: once the process's exit
+        has closed the child's call queue, the manager's stop message never reaches the
+        child, and the exit waits for the child for ever)."""
         executor, self._executor = self._executor, None
         if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(wait=wait, cancel_futures=True)
 
 
 def _start_child(parent: int) -> None:

@@ -188,4 +188,4 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         if embedder is not None:
             await embedder.aclose()
         await store.close()
-        pool.close()
+        await pool.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing
 import operator
 import os
 import signal
@@ -103,7 +104,7 @@ async def test_a_child_found_dead_before_a_call_is_replaced_not_given_up(
         assert await pool.background(operator.add, 3, 3) == 6
         assert _child(pool) != dead
     finally:
-        pool.close()
+        await pool.close()
 
 
 async def test_the_child_ends_with_the_proxy(
@@ -158,7 +159,7 @@ async def test_a_started_child_has_loaded_what_its_first_episode_needs_and_no_mo
     try:
         assert await pool.background(_loaded) == (1, False)
     finally:
-        pool.close()
+        await pool.close()
 
 
 class NoFork(ProcessPoolExecutor):
@@ -178,6 +179,34 @@ async def test_where_no_child_can_start_the_work_runs_in_a_thread_and_it_is_not_
         for n in range(3):
             assert await pool.background(operator.add, n, 1) == n + 1
     finally:
-        pool.close()
+        await pool.close()
     assert pool._child is None
     assert caplog.text.count("memory background work in a thread of the worker") == 1
+
+
+def _a_worker_that_used_its_child_and_closed() -> None:
+    """A proxy worker in small: a spawned process that ran a call in its memory child, closed
+    the pool and returns at once, as a worker does once its server has stopped."""
+
+    async def serve() -> None:
+        pool = Pool(process=True)
+        assert await pool.background(operator.add, 1, 1) == 2
+        await pool.close()
+
+    asyncio.run(serve())
+
+
+def test_a_worker_process_exits_once_its_pool_is_closed() -> None:
+    # Closed without waiting for the child, the worker's exit raced the executor's manager
+    # thread: its stop message was left in a queue the exit had closed, and the exit waited
+    # for the child for ever (39 of 40 such processes hung).
+    context = multiprocessing.get_context("spawn")
+    for _ in range(3):
+        worker = context.Process(target=_a_worker_that_used_its_child_and_closed)
+        worker.start()
+        worker.join(30)
+        hung = worker.is_alive()
+        if hung:
+            worker.kill()
+            worker.join()
+        assert not hung and worker.exitcode == 0
