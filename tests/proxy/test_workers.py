@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from config import load_settings
+from memory.model import Store
+from memory.store_pg import PostgresStore
 from memory.store_sqlite import SqliteStore
 from tests.fakes import codex
 from tests.fakes.server import free_port
 from tests.fakes.upstream import FakeUpstream
+from tests.memory.conftest import fresh_schema, require_pg_url
 from tests.proxy.test_shutdown import GUARD_S, ROOT, Server
 
 Start = Callable[..., Awaitable[Server]]
@@ -69,6 +72,17 @@ async def start(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Start]:
             await pump
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The store the workers share: None for the SQLite file in the data dir, else a
+    PostgreSQL URL confined to a fresh schema (dropped after)."""
+    if request.param == "sqlite":
+        yield None
+        return
+    with fresh_schema(require_pg_url(), "t_workers") as url:
+        yield url
+
+
 def _logged(srv: Server) -> list[dict[str, Any]]:
     return [json.loads(line) for line in srv.lines if line.startswith("{")]
 
@@ -97,9 +111,11 @@ async def _turn(url: str, session_id: str) -> None:
         await r.read()
 
 
+# ``store_url`` before ``start``: set up first, so its schema is dropped only once the
+# server and its workers are gone (a worker's open connection would block the DROP).
 async def test_two_workers_answer_on_one_port_write_one_store_and_stop_on_sigterm(
-        start: Start, tmp_path: Path) -> None:
-    srv = await start(workers="2")
+        store_url: str | None, start: Start, tmp_path: Path) -> None:
+    srv = await start(workers="2", **({} if store_url is None else {"store_url": store_url}))
     await srv.logged("ctxproxy listening")  # the parent's line: every worker listens
     (listening,) = [e for e in _logged(srv) if e["msg"] == "ctxproxy listening"]
     workers = sorted(listening["pids"])
@@ -121,9 +137,10 @@ async def test_two_workers_answer_on_one_port_write_one_store_and_stop_on_sigter
     assert sorted(set(answered.values())) == workers
     assert [e for e in logged if e["level"] in ("warning", "error")] == []
 
-    # Both processes wrote their sessions' finished turns into the one SQLite file (the
-    # third finished by the answer relayed).
-    store = SqliteStore(tmp_path / "data" / "memory.sqlite3")
+    # Both processes wrote their sessions' finished turns into the one store (the third
+    # finished by the answer relayed).
+    store: Store = (SqliteStore(tmp_path / "data" / "memory.sqlite3") if store_url is None
+                    else PostgresStore(store_url))
     await store.open()
     try:
         episodes = await store.list(None, types=["episodic"], limit=1000)
