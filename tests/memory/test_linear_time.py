@@ -100,11 +100,16 @@ def _seconds(run: Callable[[T], object], shape: Callable[[int], T], size: int,
 
 def assert_linear(run: Callable[[T], object], shape: Callable[[int], T],
                   sizes: tuple[int, int] = (SMALL, BIG)) -> None:
-    # Best of three: a run's caches can be cold.
-    small_s = _seconds(run, shape, sizes[0], 3)
-    big_s = _seconds(run, shape, sizes[1], 3)
-    # A few ms of slack for timer noise on the small run of a fast pattern.
-    assert big_s < GROWTH * small_s + 0.01, (small_s, big_s)
+    # Best of three: a run's caches can be cold. Measured once more when over the bound, both
+    # sizes again: a machine that slowed during one run (another tenant, a frequency step)
+    # fails neither twice, a quadratic function both (its ratio is ~100 against 30).
+    for _ in range(2):
+        small_s = _seconds(run, shape, sizes[0], 3)
+        big_s = _seconds(run, shape, sizes[1], 3)
+        # A few ms of slack for timer noise on the small run of a fast pattern.
+        if big_s < GROWTH * small_s + 0.01:
+            return
+    raise AssertionError(f"10x the input took {big_s / small_s:.0f}x: {small_s=}, {big_s=}")
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
