@@ -21,15 +21,23 @@ How = Literal["hit", "miss", "shared"]
 class _Entry(Generic[V]):
     value: V
     expires: float
+    size: int = 1
 
 
 class TtlCache(Generic[K, V]):
-    """Values live for the TTL their loader returns with them (so failures can be short)."""
+    """Values live for the TTL their loader returns with them (so failures can be short).
+
+    At most ``max_entries`` values, and ``max_bytes`` of them as ``size_of`` counts them:
+    past either the least recently used go; one larger than ``max_bytes`` is not kept."""
 
     def __init__(
-        self, *, max_entries: int = 4096, clock: Callable[[], float] = time.monotonic
+        self, *, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024,
+        size_of: Callable[[V], int] = lambda value: 1, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._entries: LRUCache[K, _Entry[V]] = LRUCache(max_entries)
+        self._max_bytes = max_bytes
+        self._size_of = size_of
+        self.bytes = 0
         self._inflight: dict[K, asyncio.Task[V]] = {}
         self._clock = clock
 
@@ -57,7 +65,18 @@ class TtlCache(Generic[K, V]):
             self._inflight.pop(key, None)
 
     def _store(self, key: K, value: V, ttl: float) -> None:
-        self._entries[key] = _Entry(value, self._clock() + ttl)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+        size = self._size_of(value)
+        if size > self._max_bytes:
+            return
+        while self._entries and (len(self._entries) >= self._entries.maxsize
+                                 or self.bytes + size > self._max_bytes):
+            _, gone = self._entries.popitem()
+            self.bytes -= gone.size
+        self._entries[key] = _Entry(value, self._clock() + ttl, size)
+        self.bytes += size
 
     async def close(self) -> None:
         """Cancel loads still running (at shutdown) and wait for them to end."""

@@ -174,6 +174,16 @@ class Found:
 
 
 CacheKey = tuple[str, str, str | None, str]
+ASSET_OVERHEAD = 200  # bytes an asset takes beside its text: the objects holding it
+
+
+def _size(found: Found) -> int:
+    """About the bytes ``found`` holds: its assets' texts and their objects."""
+    return sum(
+        ASSET_OVERHEAD + len(a.item.knowledge_id) + len(a.item.type) + len(a.item.service_url)
+        + len(a.item.name) + len(a.item.summary or "") + len(a.item.repo_slug or "")
+        for a in found.assets
+    ) + ASSET_OVERHEAD
 
 
 class Discovery:
@@ -198,7 +208,7 @@ class Discovery:
         self.negative_ttl_s = negative_ttl_s
         self._lookups = lookups  # labelled by result: hit, miss, shared, negative_hit
         self._failures = failures
-        self._cache: TtlCache[CacheKey, Found] = TtlCache(clock=clock)
+        self._cache: TtlCache[CacheKey, Found] = TtlCache(size_of=_size, clock=clock)
 
     async def assets(
         self, team_id: str | None, agent_id: str | None = None, user_key: str | None = None

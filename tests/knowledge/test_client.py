@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
 import respx
 
+from knowledge.cache import TtlCache
 from knowledge.client import CoreError, Discovery, HttpCore
 from proxy.metrics import Metrics
 
@@ -198,6 +199,41 @@ async def test_results_are_cached_for_the_ttl_then_fetched_again(core: HttpCore)
     clock.now += 301
     await d.assets("t1")
     assert route.call_count == 2
+
+
+async def test_the_cache_keeps_at_most_its_bytes_the_least_recently_used_going_first() -> None:
+    cache: TtlCache[str, str] = TtlCache(max_bytes=10, size_of=len)
+    loads: list[str] = []
+
+    def load(value: str) -> Callable[[], Awaitable[tuple[str, float]]]:
+        async def loaded() -> tuple[str, float]:
+            loads.append(value)
+            return value, 300.0
+        return loaded
+
+    for key in ("a", "b", "a"):  # "a" used last
+        await cache.get(key, load(key * 4))
+    assert cache.bytes == 8 and loads == ["aaaa", "bbbb"]
+    await cache.get("c", load("cccc"))  # 12 bytes: "b" goes
+    assert cache.bytes == 8
+    await cache.get("a", load("aaaa"))
+    await cache.get("b", load("bbbb"))
+    assert loads == ["aaaa", "bbbb", "cccc", "bbbb"]
+    for _ in range(2):  # over the whole budget: answered, never kept
+        assert await cache.get("big", load("x" * 11)) == ("x" * 11, "miss")
+    assert loads[-2:] == ["x" * 11] * 2 and cache.bytes <= 10
+
+
+@respx.mock
+async def test_discovery_sizes_its_cache_by_the_assets_text(core: HttpCore) -> None:
+    respx.post(LIST).mock(return_value=ok([wiki(n) for n in range(1, 4)]))
+    d = discovery(core)
+    await d.assets("t1")
+    held = d._cache.bytes
+    assert held > 3 * len("wiki-00000001")
+    respx.post(LIST).mock(return_value=ok([wiki(n) for n in range(1, 7)]))
+    await d.assets("t2")
+    assert d._cache.bytes - held > held  # twice the assets: about twice the bytes
 
 
 @respx.mock
