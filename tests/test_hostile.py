@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import http.client
 import io
 import json
 import os
@@ -17,11 +16,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from yarl import URL
 
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
-from tests.fakes.server import Running
+from tests.fakes.server import Running, raw_request
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import fresh_schema, require_pg_url
 from tests.memory.session import runtime, settle
@@ -153,30 +151,10 @@ async def post_raw(
     """``post`` over a bare stream, with one header's value as raw bytes: aiohttp's client will
     not send bytes that are not UTF-8, nor a lone surrogate."""
     name, value = header
-    headers = {**codex.headers(session_id=session, turn_id=f"{session}-t"),
-               "Host": "proxy", "Content-Length": str(len(raw)), "Connection": "close"}
+    headers = codex.headers(session_id=session, turn_id=f"{session}-t")
     lines = [f"{k}: {v}".encode() for k, v in headers.items() if k.lower() != name]
     head = b"\r\n".join([b"POST /v1/responses HTTP/1.1", *lines, name.encode() + b": " + value])
-    url = URL(proxy.url)
-    async with asyncio.timeout(60):
-        reader, writer = await asyncio.open_connection(url.host, url.port)
-        writer.write(head + b"\r\n\r\n" + raw)
-        answer = await reader.read()  # Connection: close, so the answer ends at EOF
-    writer.close()
-    await writer.wait_closed()
-    response = http.client.HTTPResponse(Canned(answer))  # type: ignore[arg-type]  # duck-typed
-    response.begin()
-    return response.status, response.read()
-
-
-class Canned:
-    """Bytes read as a socket, for ``http.client`` to parse (chunked bodies included)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def makefile(self, mode: str) -> io.BytesIO:
-        return io.BytesIO(self.data)
+    return await raw_request(proxy.url, head, raw, timeout_s=60)
 
 
 def assert_answered(status: int, body: bytes) -> None:

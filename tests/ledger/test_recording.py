@@ -19,7 +19,7 @@ from proxy.ledger_wiring import LEDGER
 from proxy.memory_wiring import MEMORY
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
-from tests.fakes.server import Running
+from tests.fakes.server import Running, raw_request
 
 
 async def post(url: str, items: list[dict[str, Any]], session: str = "sess-1",
@@ -165,17 +165,10 @@ async def test_ui_needs_a_client_key_and_a_browser_signs_in_with_a_cookie(
 async def raw_post(url: str, session: bytes) -> int:
     """A request whose session-id header holds bytes that are not UTF-8 (aiohttp's client
     would not send them)."""
-    host, port = url.removeprefix("http://").split(":")
     body = orjson.dumps(codex.request(codex.session(1), "x"))
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"session-id: " + session + b"\r\nConnection: close\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    await writer.drain()
-    status = await reader.readline()
-    await reader.read()
-    writer.close()
-    return int(status.split()[1])
+    head = (b"POST /v1/responses HTTP/1.1\r\nContent-Type: application/json\r\n"
+            b"session-id: " + session)
+    return (await raw_request(url, head, body))[0]
 
 
 async def test_a_session_id_that_is_not_utf8_is_refused_and_the_recorder_goes_on(

@@ -19,7 +19,7 @@ from proxy.assemble import build_app
 from proxy.bodies import SERVER_OPTIONS
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
-from tests.fakes.server import Running, free_port
+from tests.fakes.server import Running, free_port, raw_request
 from tests.fakes.upstream import FakeUpstream, Received, event, message_item, stream_events
 
 Encode = Callable[[bytes], bytes]
@@ -183,19 +183,6 @@ async def test_gzipped_sse_reaches_the_client_untouched_and_its_usage_is_read(
 
 
 # --- request targets -------------------------------------------------------------------------
-
-
-async def raw_request(url: str, head: str, body: bytes = b"") -> tuple[int, bytes]:
-    """Send ``head`` byte for byte (no client normalises the target); the status and body."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    extra = f"Content-Length: {len(body)}\r\n" if body else ""
-    writer.write(f"{head}\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode() + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    status_line, _, rest = answer.partition(b"\r\n")
-    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
 
 
 @pytest.mark.parametrize("target", [
