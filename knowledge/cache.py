@@ -21,7 +21,7 @@ How = Literal["hit", "miss", "shared"]
 class _Entry(Generic[V]):
     value: V
     expires: float
-    size: int = 1
+    size: int  # as the cache's size_of counts it
 
 
 class TtlCache(Generic[K, V]):

@@ -381,12 +381,12 @@ async def responses(request: web.Request) -> web.StreamResponse:
     ex: Exchange | None = None
     client_body: dict[str, Any] | None = None
     try:
-        try:
-            ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
-                                          request.get(PRINCIPAL))
-        except NotAResponsesRequest as exc:
-            _forward_as_sent(app, info, exc)
-        else:
+        ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
+                                      request.get(PRINCIPAL))
+    except NotAResponsesRequest as exc:
+        _forward_as_sent(app, info, exc)
+    try:
+        if ex is not None:
             client_body = dict(ex.body)  # steps may replace its keys, never the values in them
             failed = await app[PIPELINE].run(ex)
             try:
