@@ -70,9 +70,10 @@ class Settings(BaseSettings):
     client_keys: str | None = Field(
         None,
         description="Accepted client bearer keys: 'KEY [principal=NAME] [teams=A,B] "
-        "[agents=X,Y] [users=any|none|KEYS]' entries separated by ';', or @FILE (one a line), "
-        "or plain 'key1,key2'. Other callers get 401; identity headers beyond a key's claims "
-        "403; the key's principal is part of every memory scope. The upstream gets "
+        "[agents=X,Y] [users=any|none|KEYS] [admin]' entries separated by ';', or @FILE (one a "
+        "line), or plain 'key1,key2'. Other callers get 401; identity headers beyond a key's "
+        "claims 403; the key's principal is part of every memory scope, and the dashboard and "
+        "explain show a key only its principal's data (admin: everyone's). The upstream gets "
         "UPSTREAM_API_KEY, never the client's.",
     )
 

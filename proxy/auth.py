@@ -11,8 +11,10 @@ every memory scope the caller reads and writes, so two keys never share memory w
 identity headers they send. ``teams`` and ``agents`` list what ``x-team-id`` and
 ``x-agent-id`` may say (``*``, the default: anything); ``users`` what ``x-tdai-user-key`` may
 be: ``any`` (the default), ``none``, or user keys (or their ``u_...`` digests). A header
-beyond the key's claims gets 403. Entries are separated by newlines (``@FILE``) or ``;``; a
-spec with neither ``;`` nor ``=`` is the older ``key1,key2`` list.
+beyond the key's claims gets 403. The bare word ``admin`` marks an operator's key: the
+dashboard and explain show it every principal's data (other keys see only their own).
+Entries are separated by newlines (``@FILE``) or ``;``; a spec with neither ``;`` nor ``=`` is
+the older ``key1,key2`` list.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from knowledge.routes import ROUTE, TOOL_ROUTES
 from proxy.errors import Forbidden, Unauthorized
 from request import user_digest
 
-__all__ = ["OPEN_PATHS", "OUTPUTS_ROUTE", "PRINCIPAL", "ClientKey", "client_auth",
+__all__ = ["ADMIN", "OPEN_PATHS", "OUTPUTS_ROUTE", "PRINCIPAL", "ClientKey", "client_auth",
            "load_client_keys"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -48,8 +50,10 @@ UI_LOGIN_ROUTES = frozenset({"ui:login", "ui:login-post"})
 SHELL_ROUTES = frozenset({OUTPUTS_ROUTE, *TOOL_ROUTES})
 # The embedded core's discovery calls name a team and an agent in their body.
 DISCOVERY_ROUTES = frozenset({f"{ROUTE}:list", f"{ROUTE}:agent_assets"})
-# Where the middleware leaves the caller's principal on the request.
+# Where the middleware leaves the caller's principal on the request, and whether its key is an
+# operator's (absent without client keys: the one-user sidecar, which is its own operator).
 PRINCIPAL = web.RequestKey("principal", str)
+ADMIN = web.RequestKey("admin", bool)
 _ANY = "*"
 
 
@@ -62,6 +66,7 @@ class ClientKey:
     teams: frozenset[str] | None = None
     agents: frozenset[str] | None = None
     users: frozenset[str] | None = None  # user key digests; empty: no user key at all
+    admin: bool = False
 
     def refusal(self, headers: Mapping[str, str]) -> str | None:
         """Why ``headers`` claim more than this key may (None: they do not)."""
@@ -96,13 +101,14 @@ def _users(value: str) -> frozenset[str] | None:
 
 def _entry(text: str) -> ClientKey:
     key, *options = text.split()
+    admin = "admin" in options
     fields: dict[str, str] = {}
-    for option in options:
+    for option in (o for o in options if o != "admin"):
         name, sep, value = option.partition("=")
         if not sep or name not in ("principal", "teams", "agents", "users") or name in fields:
             # The key itself is never part of the message.
             raise ValueError(f"CTXPROXY_CLIENT_KEYS: bad field {name!r} (expected principal=, "
-                             "teams=, agents=, users=, each once)")
+                             "teams=, agents=, users=, each once, or admin)")
         fields[name] = value
     return ClientKey(
         key=key.encode(),
@@ -110,6 +116,7 @@ def _entry(text: str) -> ClientKey:
         teams=_names(fields.get("teams", _ANY)),
         agents=_names(fields.get("agents", _ANY)),
         users=_users(fields.get("users", "any")),
+        admin=admin,
     )
 
 
@@ -167,6 +174,7 @@ def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
         if refusal is not None:
             raise Forbidden(refusal)
         request[PRINCIPAL] = found.principal
+        request[ADMIN] = found.admin
         return await handler(request)
 
     return middleware

@@ -85,6 +85,9 @@ def test_client_keys_parse_principals_and_claims_and_the_old_list() -> None:
     assert ops.teams is None and ops.principal.startswith("key-")
     assert "ck-ops" not in ops.principal and "ck-ops" not in repr(ops)
     assert [k.key for k in load_client_keys("ck-1,ck-2")] == [b"ck-1", b"ck-2"]
+    assert not alice.admin and not ops.admin
+    (root,) = load_client_keys("ck-root principal=root admin")
+    assert root.admin and root.principal == "root"
     with pytest.raises(ValueError, match="bad field"):
         load_client_keys("ck-1 team=a")
 
