@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol
 
-__all__ = ["GROUPS", "Group", "Ledger", "LedgerError", "Record", "Totals"]
+__all__ = ["GROUPS", "Group", "Ledger", "LedgerError", "Record", "ScopeKey", "Totals"]
 
 # How ``totals`` groups rows: by UTC day or hour, session, model, or all in one.
 Group = Literal["day", "hour", "session", "model", "all"]
 GROUPS: tuple[Group, ...] = ("day", "hour", "session", "model", "all")
+ScopeKey = tuple[str, str, str, str]
 
 
 class LedgerError(Exception):
@@ -36,6 +37,7 @@ class Record:
     team_id: str = ""
     agent_id: str = ""
     user_ref: str = ""
+    principal: str = ""  # the client key's ('': no client keys, or a row from before)
     client_tokens: int | None = None
     forwarded_tokens: int | None = None
     input_tokens: int | None = None
@@ -93,18 +95,27 @@ class Ledger(Protocol):
         """Delete the rows older than ``before``; how many went."""
         ...
 
+    # ``principal`` in the reads below: only that principal's rows (None: everyone's).
+
     async def totals(
         self, by: Group, *, since: float | None = None, session: str | None = None,
-        limit: int | None = None,
+        limit: int | None = None, principal: str | None = None,
     ) -> list[Totals]:
         """Sums per (group, model), oldest group first (sessions: most recent first, at most
         ``limit`` sessions). A range starts at the whole hour ``since`` falls in."""
         ...
 
-    async def series(self, start: float, step: float) -> list[Totals]:
+    async def series(self, start: float, step: float, *, principal: str | None = None
+                     ) -> list[Totals]:
         """Sums per (step, model) from ``start`` on; a Totals' key is its step's number."""
         ...
 
-    async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
+    async def timeline(self, session: str, *, limit: int = 1000,
+                       principal: str | None = None) -> list[Record]:
         """One session's rows, oldest first (its newest ``limit``)."""
+        ...
+
+    async def scopes(self, principal: str, *, limit: int) -> list[ScopeKey]:
+        """The memory scopes ``principal``'s requests named, as (service, team, agent, user):
+        the user part is a digest of the principal's, so no other principal's names them."""
         ...

@@ -17,9 +17,10 @@ from typing import Any
 from ledger.model import RECORD_COLUMNS, Group, Record, Totals
 
 __all__ = [
-    "COLUMNS", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "TABLE", "backfill_sql",
-    "from_row", "group_key", "hour_of", "rollup_rows", "series_params", "series_sql",
-    "to_row", "totals_from", "totals_sql", "upsert_sql",
+    "COLUMNS", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2", "TABLE",
+    "backfill_sql", "from_row", "group_key", "hour_of", "principal_migration", "rollup_rows",
+    "scopes_sql", "series_params", "series_sql", "timeline_sql", "to_row", "totals_from",
+    "totals_query", "upsert_sql", "with_principal",
 ]
 
 TABLE = "ctxproxy_requests"
@@ -28,16 +29,25 @@ COLUMNS = ", ".join(RECORD_COLUMNS)
 INSERT_COLUMNS = COLUMNS + ", recalled"
 HOUR = 3600.0
 SUMMED = [f.name for f in fields(Totals)][2:-2]  # requests ... degraded
-_ROLLUP_COLUMNS = ["hour", "session_id", "model", *SUMMED, "first_at", "last_at"]
+# The roll-up's key: hour, then whose (the client key's principal: each sees only its own
+# sums), session and model. Version 2 of the schema had no principal.
+_KEY = ("hour", "principal", "session_id", "model")
+_KEY_V2 = ("hour", "session_id", "model")
 
-# The roll-up's columns, per dialect (its key: hour, session, model).
-ROLLUP_TABLE = (
-    f"CREATE TABLE {ROLLUP} (hour {{int}} NOT NULL, session_id text NOT NULL, "
-    "model text NOT NULL, "
-    + "".join(f"{name} {{int}} NOT NULL, " for name in SUMMED)
-    + "first_at {real} NOT NULL, last_at {real} NOT NULL, "
-    "PRIMARY KEY (hour, session_id, model))"
-)
+
+def _rollup_table(key: tuple[str, ...]) -> str:
+    """The roll-up's columns, per dialect (``{int}``, ``{real}``)."""
+    return (
+        f"CREATE TABLE {ROLLUP} (hour {{int}} NOT NULL, "
+        + "".join(f"{name} text NOT NULL, " for name in key[1:])
+        + "".join(f"{name} {{int}} NOT NULL, " for name in SUMMED)
+        + "first_at {real} NOT NULL, last_at {real} NOT NULL, "
+        f"PRIMARY KEY ({', '.join(key)}))"
+    )
+
+
+ROLLUP_TABLE_V2 = _rollup_table(_KEY_V2)
+ROLLUP_TABLE = _rollup_table(_KEY)
 
 # A request row's share of each summed column.
 _FROM_ROWS = {name: f"sum({name})" for name in SUMMED} | {
@@ -54,65 +64,122 @@ _KEYS: dict[Group, str] = {
 }
 
 
-def totals_sql(by: Group, *, since: bool, session: bool, mark: str,
-               newest: bool = False) -> str:
-    """The sums per (group, model) from the roll-up; parameters: the first hour, the session
-    (each when asked for), then with ``newest`` (sessions only) the first hour again and how
-    many of the most recent sessions; ``mark`` is the driver's placeholder."""
-    where = ["hour >= " + mark] if since else []
-    if session:
-        where.append("session_id = " + mark)
-    if newest:
+def _where(since: int | None, session: str | None, principal: str | None, mark: str
+           ) -> tuple[list[str], list[object]]:
+    """The roll-up's filters and their parameters (None: not filtered by it)."""
+    asked = (("hour >= ", since), ("session_id = ", session), ("principal = ", principal))
+    return ([test + mark for test, value in asked if value is not None],
+            [value for _, value in asked if value is not None])
+
+
+def totals_query(by: Group, *, since: float | None, session: str | None,
+                 principal: str | None, limit: int | None, mark: str
+                 ) -> tuple[str, list[object]]:
+    """The sums per (group, model) from the roll-up, and the query's parameters; with
+    ``limit`` (sessions only) of the most recent sessions. ``mark`` is the driver's
+    placeholder; ``principal`` None: every principal's rows."""
+    where, params = _where(hour_of(since), session, principal, mark)
+    if by == "session" and limit is not None:
         # The most recent sessions first (one max per session), then only their sums.
+        inner, inner_params = _where(hour_of(since), None, principal, mark)
         where.append(f"session_id IN (SELECT session_id FROM {ROLLUP}"
-                     + (f" WHERE hour >= {mark}" if since else "")
+                     + (" WHERE " + " AND ".join(inner) if inner else "")
                      + f" GROUP BY session_id ORDER BY max(last_at) DESC LIMIT {mark})")
+        params += [*inner_params, limit]
     order = "max(last_at) DESC" if by == "session" else "min(first_at)"
-    return (
+    sql = (
         f"SELECT {_KEYS[by]} AS k, model, {_ROLLUP_SUMS} FROM {ROLLUP}"
         + (" WHERE " + " AND ".join(where) if where else "")
         + f" GROUP BY 1, 2 ORDER BY {order}"
     )
+    return sql, params
 
 
-def series_sql(dialect: int, *, hourly: bool, mark: str) -> str:
+def series_sql(dialect: int, *, hourly: bool, mark: str, principal: bool = False) -> str:
     """Sums per (step, model) from a start on; parameters: start, step, start (in hours
-    from the roll-up, in seconds from the request rows)."""
+    from the roll-up, in seconds from the request rows), then the principal if asked."""
+    whose = f" AND principal = {mark}" if principal else ""
     if hourly:
         return (f"SELECT (hour - {mark}) / {mark} AS k, model, {_ROLLUP_SUMS} FROM {ROLLUP}"
-                f" WHERE hour >= {mark} GROUP BY 1, 2 ORDER BY 1")
+                f" WHERE hour >= {mark}{whose} GROUP BY 1, 2 ORDER BY 1")
     key = (f"CAST((at - {mark}) / {mark} AS INTEGER)" if dialect == 0
            else f"floor((at - {mark}) / {mark})::bigint")
-    return (f"SELECT {key} AS k, model, {_RAW_SUMS} FROM {TABLE} WHERE at >= {mark}"
+    return (f"SELECT {key} AS k, model, {_RAW_SUMS} FROM {TABLE} WHERE at >= {mark}{whose}"
             " GROUP BY 1, 2 ORDER BY 1")
 
 
+def timeline_sql(mark: str, *, principal: bool) -> str:
+    """One session's newest rows, oldest first; parameters: the session, the principal if
+    asked, how many."""
+    whose = f" AND principal = {mark}" if principal else ""
+    return (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} "
+            f"WHERE session_id = {mark}{whose} ORDER BY at DESC, request_id DESC "
+            f"LIMIT {mark}) t ORDER BY at, request_id")
+
+
+def with_principal(params: tuple[Any, ...], principal: str | None) -> tuple[Any, ...]:
+    """``params`` and the principal a query is filtered by, if it is."""
+    return params if principal is None else (*params, principal)
+
+
+def scopes_sql(mark: str) -> str:
+    """The memory scopes one principal's requests named; parameters: the principal, how
+    many at most."""
+    return (f"SELECT DISTINCT service_id, team_id, agent_id, user_ref FROM {TABLE} "
+            f"WHERE principal = {mark} LIMIT {mark}")
+
+
+def _rollup_columns(key: tuple[str, ...]) -> list[str]:
+    return [*key, *SUMMED, "first_at", "last_at"]
+
+
 def upsert_sql(dialect: int, mark: str) -> str:
-    """Add one (hour, session, model)'s numbers to the roll-up."""
+    """Add one (hour, principal, session, model)'s numbers to the roll-up."""
     low, high = ("min", "max") if dialect == 0 else ("LEAST", "GREATEST")
     sets = ", ".join(f"{n} = {ROLLUP}.{n} + excluded.{n}" for n in SUMMED)
+    columns = _rollup_columns(_KEY)
     return (
-        f"INSERT INTO {ROLLUP} ({', '.join(_ROLLUP_COLUMNS)}) VALUES "
-        f"({', '.join([mark] * len(_ROLLUP_COLUMNS))}) "
-        f"ON CONFLICT (hour, session_id, model) DO UPDATE SET {sets}, "
+        f"INSERT INTO {ROLLUP} ({', '.join(columns)}) VALUES "
+        f"({', '.join([mark] * len(columns))}) "
+        f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET {sets}, "
         f"first_at = {low}({ROLLUP}.first_at, excluded.first_at), "
         f"last_at = {high}({ROLLUP}.last_at, excluded.last_at)"
     )
 
 
-def backfill_sql(dialect: int, *, where: str = "") -> str:
-    """Roll request rows up (a migration; prune re-rolls the hour it cut into)."""
+def backfill_sql(dialect: int, *, where: str = "", version: int = 3) -> str:
+    """Roll request rows up (a migration; prune re-rolls the hour it cut into); ``version``
+    2 is the schema's before the principal."""
+    key = _KEY if version >= 3 else _KEY_V2
     hour = _HOUR_OF_AT[dialect]
-    return (f"INSERT INTO {ROLLUP} ({', '.join(_ROLLUP_COLUMNS)}) "
-            f"SELECT {hour}, session_id, model, {_RAW_SUMS} FROM {TABLE} {where} "
-            "GROUP BY 1, 2, 3")
+    groups = ", ".join(str(n) for n in range(1, len(key) + 1))
+    return (f"INSERT INTO {ROLLUP} ({', '.join(_rollup_columns(key))}) "
+            f"SELECT {hour}, {', '.join(key[1:])}, {_RAW_SUMS} FROM {TABLE} {where} "
+            f"GROUP BY {groups}")
+
+
+def principal_migration(dialect: int) -> tuple[str, ...]:
+    """Version 3: each row says whose it is (the client key's principal; '': no client keys,
+    or a row written before), and the roll-up is rebuilt with it in its key."""
+    kinds = {"int": "INTEGER", "real": "REAL"} if dialect == 0 else {
+        "int": "bigint", "real": "double precision"}
+    return (
+        f"ALTER TABLE {TABLE} ADD COLUMN principal text NOT NULL DEFAULT ''",
+        f"CREATE INDEX {TABLE}_principal_scope ON {TABLE} "
+        "(principal, service_id, team_id, agent_id, user_ref)",
+        f"DROP TABLE {ROLLUP}",
+        ROLLUP_TABLE.format(**kinds),
+        f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
+        f"CREATE INDEX {ROLLUP}_principal ON {ROLLUP} (principal, hour)",
+        backfill_sql(dialect),
+    )
 
 
 def rollup_rows(records: Iterable[Record]) -> list[tuple[Any, ...]]:
-    """A batch's numbers per (hour, session, model), as roll-up rows to add."""
-    groups: dict[tuple[int, str, str], list[Any]] = {}
+    """A batch's numbers per (hour, principal, session, model), as roll-up rows to add."""
+    groups: dict[tuple[int, str, str, str], list[Any]] = {}
     for r in records:
-        key = (int(r.at // HOUR), r.session_id, r.model)
+        key = (int(r.at // HOUR), r.principal, r.session_id, r.model)
         sums = groups.get(key)
         if sums is None:
             sums = groups[key] = [0] * len(SUMMED) + [r.at, r.at]

@@ -10,24 +10,26 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from ledger.model import Group, LedgerError, Record, Totals
+from ledger.model import Group, LedgerError, Record, ScopeKey, Totals
 from ledger.sql import (
-    COLUMNS,
     HOUR,
     INSERT_COLUMNS,
     ROLLUP,
-    ROLLUP_TABLE,
+    ROLLUP_TABLE_V2,
     TABLE,
     backfill_sql,
     from_row,
-    hour_of,
+    principal_migration,
     rollup_rows,
+    scopes_sql,
     series_params,
     series_sql,
+    timeline_sql,
     to_row,
     totals_from,
-    totals_sql,
+    totals_query,
     upsert_sql,
+    with_principal,
 )
 
 __all__ = ["MIGRATIONS", "PostgresLedger"]
@@ -71,11 +73,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         2,  # the hourly roll-up the reports read (ledger/sql.py), filled from the rows so far
         (
-            ROLLUP_TABLE.format(int="bigint", real="double precision"),
+            ROLLUP_TABLE_V2.format(int="bigint", real="double precision"),
             f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
-            backfill_sql(1),
+            backfill_sql(1, version=2),
         ),
     ),
+    (3, principal_migration(1)),  # each row says whose it is
 )
 _UPSERT = upsert_sql(1, "%s")
 _VERSIONS = f"{TABLE}_migrations"
@@ -171,28 +174,31 @@ class PostgresLedger:
 
     async def totals(
         self, by: Group, *, since: float | None = None, session: str | None = None,
-        limit: int | None = None,
+        limit: int | None = None, principal: str | None = None,
     ) -> list[Totals]:
-        newest = by == "session" and limit is not None
-        sql = totals_sql(by, since=since is not None, session=session is not None, mark="%s",
-                         newest=newest)
-        params: list[object] = [p for p in (hour_of(since), session) if p is not None]
-        if newest:
-            params += [p for p in (hour_of(since), limit) if p is not None]
+        sql, params = totals_query(by, since=since, session=session, principal=principal,
+                                   limit=limit, mark="%s")
         async with self._conn() as conn:
             cur = await conn.execute(sql, params)
             return [totals_from(by, row) for row in await cur.fetchall()]
 
-    async def series(self, start: float, step: float) -> list[Totals]:
+    async def series(self, start: float, step: float, *, principal: str | None = None
+                     ) -> list[Totals]:
         hourly = step >= HOUR
-        sql = series_sql(1, hourly=hourly, mark="%s")
+        sql = series_sql(1, hourly=hourly, mark="%s", principal=principal is not None)
+        params = with_principal(series_params(start, step, hourly), principal)
         async with self._conn() as conn:
-            cur = await conn.execute(sql, series_params(start, step, hourly))
+            cur = await conn.execute(sql, params)
             return [totals_from("model", row) for row in await cur.fetchall()]
 
-    async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
-        sql = (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} WHERE session_id = %s"
-               " ORDER BY at DESC, request_id DESC LIMIT %s) t ORDER BY at, request_id")
+    async def timeline(self, session: str, *, limit: int = 1000,
+                       principal: str | None = None) -> list[Record]:
+        sql = timeline_sql("%s", principal=principal is not None)
         async with self._conn() as conn:
-            cur = await conn.execute(sql, (session, limit))
+            cur = await conn.execute(sql, (*with_principal((session,), principal), limit))
             return [from_row(row) for row in await cur.fetchall()]
+
+    async def scopes(self, principal: str, *, limit: int) -> list[ScopeKey]:
+        async with self._conn() as conn:
+            cur = await conn.execute(scopes_sql("%s"), (principal, limit))
+            return [(a, b, c, d) for a, b, c, d in await cur.fetchall()]

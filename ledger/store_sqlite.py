@@ -11,24 +11,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from config.files import private_file, wal
-from ledger.model import Group, LedgerError, Record, Totals
+from ledger.model import Group, LedgerError, Record, ScopeKey, Totals
 from ledger.sql import (
-    COLUMNS,
     HOUR,
     INSERT_COLUMNS,
     ROLLUP,
-    ROLLUP_TABLE,
+    ROLLUP_TABLE_V2,
     TABLE,
     backfill_sql,
     from_row,
-    hour_of,
+    principal_migration,
     rollup_rows,
+    scopes_sql,
     series_params,
     series_sql,
+    timeline_sql,
     to_row,
     totals_from,
-    totals_sql,
+    totals_query,
     upsert_sql,
+    with_principal,
 )
 
 __all__ = ["MIGRATIONS", "SqliteLedger"]
@@ -75,11 +77,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         2,  # the hourly roll-up the reports read (ledger/sql.py), filled from the rows so far
         (
-            ROLLUP_TABLE.format(int="INTEGER", real="REAL"),
+            ROLLUP_TABLE_V2.format(int="INTEGER", real="REAL"),
             f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
-            backfill_sql(0),
+            backfill_sql(0, version=2),
         ),
     ),
+    (3, principal_migration(0)),  # each row says whose it is
 )
 _UPSERT = upsert_sql(0, "?")
 
@@ -191,39 +194,43 @@ class SqliteLedger:
 
     async def totals(
         self, by: Group, *, since: float | None = None, session: str | None = None,
-        limit: int | None = None,
+        limit: int | None = None, principal: str | None = None,
     ) -> list[Totals]:
-        newest = by == "session" and limit is not None
-        sql = totals_sql(by, since=since is not None, session=session is not None, mark="?",
-                         newest=newest)
-        params: list[object] = [p for p in (hour_of(since), session) if p is not None]
-        if newest:
-            params += [p for p in (hour_of(since), limit) if p is not None]
+        sql, params = totals_query(by, since=since, session=session, principal=principal,
+                                   limit=limit, mark="?")
 
         def totals() -> list[Totals]:
             return [totals_from(by, row) for row in self._db().execute(sql, params)]
 
         return await self._run(totals)
 
-    async def series(self, start: float, step: float) -> list[Totals]:
+    async def series(self, start: float, step: float, *, principal: str | None = None
+                     ) -> list[Totals]:
         hourly = step >= HOUR
-        sql = series_sql(0, hourly=hourly, mark="?")
-        params = series_params(start, step, hourly)
+        sql = series_sql(0, hourly=hourly, mark="?", principal=principal is not None)
+        params = with_principal(series_params(start, step, hourly), principal)
 
         def series() -> list[Totals]:
             return [totals_from("model", row) for row in self._db().execute(sql, params)]
 
         return await self._run(series)
 
-    async def timeline(self, session: str, *, limit: int = 1000) -> list[Record]:
-        sql = (f"SELECT * FROM (SELECT request_id, {COLUMNS} FROM {TABLE} WHERE session_id = ?"
-               " ORDER BY at DESC, request_id DESC LIMIT ?) ORDER BY at, request_id")
+    async def timeline(self, session: str, *, limit: int = 1000,
+                       principal: str | None = None) -> list[Record]:
+        sql = timeline_sql("?", principal=principal is not None)
+        params = (*with_principal((session,), principal), limit)
 
         def timeline() -> list[Record]:
-            return [from_row(row) for row in self._db().execute(sql, (session, limit))]
+            return [from_row(row) for row in self._db().execute(sql, params)]
 
         return await self._run(timeline)
 
+    async def scopes(self, principal: str, *, limit: int) -> list[ScopeKey]:
+        def scopes() -> list[ScopeKey]:
+            rows = self._db().execute(scopes_sql("?"), (principal, limit))
+            return [(a, b, c, d) for a, b, c, d in rows]
+
+        return await self._run(scopes)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

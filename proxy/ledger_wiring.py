@@ -16,6 +16,7 @@ from ledger.measure import Bodies, Counting, InProcess, InThread, Measurer, Pend
 from ledger.recorder import Recorder
 from ledger.stores import make_ledger
 from proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
+from proxy.auth import PRINCIPAL
 
 __all__ = ["LEDGER", "LedgerSide", "install"]
 
@@ -89,7 +90,8 @@ def _finished(recorder: Recorder) -> FinishedHook:
         sent = request.get(SENT)
         if sent is not None:
             recorder.put(pending(request.app, sent, info, status,
-                                 bodies=recorder.counting.takes_bodies))
+                                 bodies=recorder.counting.takes_bodies,
+                                 principal=request.get(PRINCIPAL, "")))
 
     return finished
 
@@ -102,9 +104,10 @@ def _text(value: str) -> str:
 
 
 def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
-            bodies: bool = True) -> Pending:
+            bodies: bool = True, principal: str = "") -> Pending:
     """The row so far (what the relay knows), for the recorder to count and price: with the
-    bodies the proxy parsed if ``bodies`` and it has them, else with their bytes."""
+    bodies the proxy parsed if ``bodies`` and it has them, else with their bytes.
+    ``principal``: the client key's, whose row it is ('' without client keys)."""
     ex = sent.exchange
     settings = app[SETTINGS]
     notes = info.notes
@@ -126,7 +129,7 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
     record = Record(
         at=sent.at, session_id=_text(session), model=_text(model), status=status,
         service_id=settings.service_id, team_id=_text(team), agent_id=_text(agent),
-        user_ref=user,
+        user_ref=user, principal=principal,
         input_tokens=info.input_tokens, cached_tokens=info.cached_tokens,
         output_tokens=info.output_tokens,
         turns_in=info.turns_in, turns_forwarded=info.turns_forwarded,

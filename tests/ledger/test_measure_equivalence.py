@@ -199,8 +199,9 @@ class Spy:
         pending, measure_all = ledger_wiring.pending, measurer.measure_all
 
         def spy_pending(app: web.Application, sent: Sent, info: Access, status: int, *,
-                        bodies: bool = True) -> Pending:
-            self.handed.append(pending(app, sent, info, status, bodies=bodies))
+                        bodies: bool = True, principal: str = "") -> Pending:
+            self.handed.append(pending(app, sent, info, status, bodies=bodies,
+                                       principal=principal))
             forwarded = None if sent.forwarded is sent.raw else sent.forwarded
             self.as_bytes.append(replace(self.handed[-1], raw=sent.raw, forwarded=forwarded,
                                          bodies=None))
