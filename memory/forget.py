@@ -11,6 +11,7 @@ record's text on a later write of its key).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -82,12 +83,16 @@ def purged(memory: Memory, quoted: Sequence[str]) -> Memory | None:
 
 
 async def forget(
-    store: Store, memory_ids: Sequence[str], *, purge: bool = False, now: float | None = None
+    store: Store, memory_ids: Sequence[str], *, purge: bool = False, now: float | None = None,
+    scope: Scope | None = None,
 ) -> Forgotten:
-    """Forget these records (and what was distilled only from them); see the module doc."""
-    records = await store.list(None, limit=_SCAN)
+    """Forget these records (and what was distilled only from them); see the module doc.
+    The one way to forget (the CLI, the dashboard). With ``scope``, the records are all of
+    that scope, and only it is read: distillation never crosses scopes."""
+    records = await store.list(scope, limit=_SCAN)
     by_id = {m.memory_id: m for m in records}
-    gone = distilled_only_from(records, memory_ids)
+    # Grows with the records read: off the loop (the dashboard forgets in the server's).
+    gone = await asyncio.to_thread(distilled_only_from, records, memory_ids)
     forgotten = [by_id[i] for i in gone if i in by_id]
     await store.forget(gone, now=now)
     rewritten: list[str] = []
