@@ -1,6 +1,11 @@
 """The dashboard at ``/ui``: what the proxy saved and sent (from the request ledger), one
 session's timeline, and a memory browser. Server-rendered; under ``CLIENT_KEYS`` it needs a
-key like every route (a browser signs in once at ``/ui/login``: the key goes in a cookie)."""
+key like every route (a browser signs in once at ``/ui/login``: the key goes in a cookie).
+
+Under client keys a key sees and acts on its own principal's data only: the ledger's rows it
+sent, and the memory scopes those rows name (a scope's user part is a digest of the
+principal's: no other key's request names it). An admin key, and the one-user sidecar (no
+client keys: its caller is its own operator), see everything."""
 
 from __future__ import annotations
 
@@ -14,12 +19,13 @@ from typing import Any
 from aiohttp import web
 
 from knowledge.routes import EMBEDDED
-from ledger.model import Group, Record
+from ledger.model import Group, LedgerError, Record
 from ledger.prices import Prices
 from ledger.report import Row, parse_since, percent, summarize, tokens, total, usd
 from ledger.sql import HOUR
-from memory.model import Memory, StoreError
-from proxy.auth import UI_COOKIE
+from memory import forget as forget_
+from memory.model import Memory, Scope, Store, StoreError
+from proxy.auth import ADMIN, PRINCIPAL, UI_COOKIE
 from proxy.ledger_wiring import LEDGER, LedgerSide
 from proxy.memory_wiring import MEMORY
 from proxy.ui_html import (
@@ -72,6 +78,12 @@ def _side(request: web.Request) -> LedgerSide:
     return side if side is not None else LedgerSide(None, None, Prices(), "not installed")
 
 
+def _whose(request: web.Request) -> str | None:
+    """The principal whose data this caller sees; None: everyone's (an admin key, or no
+    client keys)."""
+    return None if request.get(ADMIN, True) else request[PRINCIPAL]
+
+
 def _off(side: LedgerSide) -> str:
     return (f"<p>Request stats are off: {escape(side.error or 'the ledger is not open')}.</p>")
 
@@ -86,10 +98,11 @@ async def overview(request: web.Request) -> web.Response:
         return _html(page("Overview", "overview", _off(side)))
     span = (time.time() - since) if since is not None else None
     by: Group = "hour" if span is not None and span <= 3 * 86400 else "day"
-    totals = await side.ledger.totals(by, since=since)
+    whose = _whose(request)
+    totals = await side.ledger.totals(by, since=since, principal=whose)
     rows = summarize(totals, side.prices)
     whole = total(totals, side.prices)
-    steps, labels = await _series(side, whole)
+    steps, labels = await _series(side, whole, whose)
     if whole.cost_direct is not None:
         plot = chart(
             [("direct (estimate)", _cumulative(r.cost_direct or 0.0 for r in steps)),
@@ -122,7 +135,8 @@ async def overview(request: web.Request) -> web.Response:
     return _html(page("Overview", "overview", body))
 
 
-async def _series(side: LedgerSide, whole: Row) -> tuple[list[Row], list[str]]:
+async def _series(side: LedgerSide, whole: Row, whose: str | None
+                  ) -> tuple[list[Row], list[str]]:
     """The range's rows in ``STEPS`` equal steps of time (empty ones too), with labels."""
     if side.ledger is None or not whole.requests:
         return [], []
@@ -130,7 +144,8 @@ async def _series(side: LedgerSide, whole: Row) -> tuple[list[Row], list[str]]:
     if step >= HOUR or whole.requests > RAW_SERIES:
         # From the hourly roll-up: whole hours (a few points for a busy short range).
         start, step = start // HOUR * HOUR, math.ceil(step / HOUR) * HOUR
-    found = {r.key: r for r in summarize(await side.ledger.series(start, step), side.prices)}
+    series = await side.ledger.series(start, step, principal=whose)
+    found = {r.key: r for r in summarize(series, side.prices)}
     count = max((int(key) for key in found), default=0) + 1  # the database's own rounding
     rows = [found.get(str(i)) or Row(str(i)) for i in range(count)]
     return rows, [when(start + i * step)[:16] for i in range(count)]
@@ -161,8 +176,8 @@ async def sessions(request: web.Request) -> web.Response:
     label, since = _since(request)
     if side.ledger is None:
         return _html(page("Sessions", "sessions", _off(side)))
-    shown = summarize(await side.ledger.totals("session", since=since, limit=SESSIONS_SHOWN),
-                      side.prices)
+    shown = summarize(await side.ledger.totals("session", since=since, limit=SESSIONS_SHOWN,
+                                               principal=_whose(request)), side.prices)
     body = (
         since_links("/ui/sessions", label)
         + table(["session", "requests", "sent", "forwarded", "cached", "direct", "proxy",
@@ -181,11 +196,12 @@ async def session(request: web.Request) -> web.Response:
     name = request.match_info["session"]
     if side.ledger is None:
         return _html(page("Session", "sessions", _off(side)))
-    records = await side.ledger.timeline(name)
+    whose = _whose(request)
+    records = await side.ledger.timeline(name, principal=whose)
     if not records:
         return _html(page("Session", "sessions",
                           f"<p>No requests recorded for session {escape(name)}.</p>"), 404)
-    whole = total(await side.ledger.totals("all", session=name), side.prices)
+    whole = total(await side.ledger.totals("all", session=name, principal=whose), side.prices)
     labels = [f"#{i + 1}" for i in range(len(records))]
     plot = chart(
         [("sent by the client", [float(r.client_tokens or 0) for r in records]),
@@ -235,27 +251,50 @@ async def memories(request: web.Request) -> web.Response:
     if runtime is None:
         return _html(page("Memory", "memory", form + "<p>Memory is off "
                           "(CTXPROXY_MEMORY_ENABLED).</p>" + await _knowledge(request)))
-    store = runtime.store
     try:
-        if query:
-            scopes = dict.fromkeys(m.scope for m in await store.list(None,
-                                                                        limit=SCOPES_SCANNED))
-            hits = []
-            for scope in scopes:
-                hits += await store.search(scope, query, limit=MEMORIES_SHOWN)
-            hits.sort(key=lambda h: h.relevance, reverse=True)
-            found = [h.memory for h in hits[:MEMORIES_SHOWN]]
-        else:
-            found = await store.list(None, limit=MEMORIES_SHOWN)
-    except StoreError as exc:
-        return _html(page("Memory", "memory", form + f"<p>The memory store failed: "
-                          f"{escape(str(exc))}</p>"), 503)
+        found = await _found(runtime.store, await _scopes(request), query)
+    except (StoreError, LedgerError) as exc:
+        return _failed(exc, form)
     heading = f"Matches for “{escape(query)}”" if query else "Newest memories"
     body = (form + f"<h2>{heading}</h2>"
             + table(["memory", "type", "session", "updated", "text"],
                     [_memory_cells(m) for m in found], ident="memories")
             + await _knowledge(request))
     return _html(page("Memory", "memory", body))
+
+
+async def _scopes(request: web.Request) -> list[Scope] | None:
+    """The memory scopes this caller may see (None: every scope): those its principal's
+    requests named, as the ledger recorded them."""
+    whose = _whose(request)
+    if whose is None:
+        return None
+    ledger = _side(request).ledger
+    if ledger is None:
+        return []
+    return [Scope(*key) for key in await ledger.scopes(whose, limit=SCOPES_SCANNED)]
+
+
+async def _found(store: Store, scopes: list[Scope] | None, query: str) -> list[Memory]:
+    """The newest memories, or the best matches for ``query``, of ``scopes`` (None: all)."""
+    if scopes is None and not query:
+        return await store.list(None, limit=MEMORIES_SHOWN)
+    if scopes is None:
+        newest = await store.list(None, limit=SCOPES_SCANNED)
+        scopes = list(dict.fromkeys(m.scope for m in newest))
+    if not query:
+        mine = [m for scope in scopes for m in await store.list(scope, limit=MEMORIES_SHOWN)]
+        mine.sort(key=lambda m: m.updated_at, reverse=True)
+        return mine[:MEMORIES_SHOWN]
+    hits = [h for scope in scopes for h in await store.search(scope, query,
+                                                                limit=MEMORIES_SHOWN)]
+    hits.sort(key=lambda h: h.relevance, reverse=True)
+    return [h.memory for h in hits[:MEMORIES_SHOWN]]
+
+
+def _failed(exc: Exception, before: str = "") -> web.Response:
+    return _html(page("Memory", "memory", before + f"<p>The memory store failed: "
+                      f"{escape(str(exc))}</p>"), 503)
 
 
 def _memory_cells(m: Memory) -> list[str]:
@@ -268,6 +307,9 @@ async def _knowledge(request: web.Request) -> str:
     core = request.app.get(EMBEDDED)
     if core is None:
         return "<h2>Knowledge</h2><p class=muted>Knowledge comes from the core at CORE_URL.</p>"
+    if _whose(request) is not None:
+        # The catalogue lists every team's assets; a key's teams are not on the request.
+        return "<h2>Knowledge</h2><p class=muted>Knowledge assets are listed for admin keys.</p>"
     rows = await asyncio.to_thread(core.catalogue.knowledge, None)
     return "<h2>Knowledge assets</h2>" + table(
         ["id", "type", "name", "team", "pages / files", "summary"],
@@ -280,14 +322,30 @@ async def _knowledge(request: web.Request) -> str:
     )
 
 
-async def memory(request: web.Request) -> web.Response:
+async def _visible(request: web.Request, memory_id: str) -> Memory | None:
+    """The memory ``memory_id`` if this caller may see it: another principal's is as unknown
+    as none (a 403 would tell it exists)."""
     runtime = request.app.get(MEMORY)
-    memory_id = request.match_info["memory_id"]
     m = await runtime.store.get(memory_id) if runtime is not None else None
     if m is None:
-        return _html(page("Memory", "memory",
-                          f"<p>No memory {escape(memory_id)} (forgotten, or never "
-                          "stored).</p>"), 404)
+        return None
+    scopes = await _scopes(request)
+    return m if scopes is None or m.scope in scopes else None
+
+
+def _unknown(memory_id: str) -> web.Response:
+    return _html(page("Memory", "memory", f"<p>No memory {escape(memory_id)} (forgotten, or "
+                      "never stored).</p>" + '<p><a href="/ui/memory">Back</a></p>'), 404)
+
+
+async def memory(request: web.Request) -> web.Response:
+    memory_id = request.match_info["memory_id"]
+    try:
+        m = await _visible(request, memory_id)
+    except (StoreError, LedgerError) as exc:
+        return _failed(exc)
+    if m is None:
+        return _unknown(memory_id)
     s = m.scope
     facts = [
         ("type", escape(m.type)),
@@ -307,13 +365,19 @@ async def memory(request: web.Request) -> web.Response:
 
 
 async def forget(request: web.Request) -> web.Response:
+    """Forget for good, as ``ctxproxy memory forget`` does: a tombstone keeps the session's
+    next request from storing it again."""
     runtime = request.app.get(MEMORY)
     memory_id = request.match_info["memory_id"]
-    gone = await runtime.store.delete([memory_id]) if runtime is not None else 0
-    text = (f"<p>Forgot {escape(memory_id)}.</p>" if gone
-            else f"<p>No memory {escape(memory_id)}.</p>")
-    return _html(page("Memory", "memory", text + '<p><a href="/ui/memory">Back</a></p>'),
-                 200 if gone else 404)
+    try:
+        m = await _visible(request, memory_id)
+        if runtime is None or m is None:
+            return _unknown(memory_id)
+        done = await forget_.forget(runtime.store, [memory_id], scope=m.scope)
+    except (StoreError, LedgerError) as exc:
+        return _failed(exc)
+    text = "".join(f"<p>Forgot {escape(i)}.</p>" for i in done.ids)
+    return _html(page("Memory", "memory", text + '<p><a href="/ui/memory">Back</a></p>'))
 
 
 # --- signing in (CLIENT_KEYS) ----------------------------------------------------------------
