@@ -79,6 +79,11 @@ def read_inside(root: Path, relative: str, limit: int = MAX_FILE_BYTES) -> bytes
     return data
 
 
+def _printable(name: str) -> str:
+    # A file's name is the folder's author's text: no control character reaches the terminal.
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
 class Walker:
     """The files under a resolved ``root`` that ``wanted`` names, hidden ones and folders
     ``skip_dir`` names left out; links to folders are not followed (one out of the folder
@@ -92,7 +97,7 @@ class Walker:
 
     def skipped(self, relative: str, why: object) -> None:
         if self.stream is not None:
-            self.stream.write(f"skipped {relative}: {why}\n")
+            self.stream.write(f"skipped {_printable(relative)}: {why}\n")
             self.stream.flush()
 
     def files(self, wanted: Callable[[str], bool]) -> list[str]:

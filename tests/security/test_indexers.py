@@ -199,3 +199,14 @@ async def test_add_code_reads_the_checkouts_git_files_like_its_sources(
     code, info = await call(proxy.url, done.stdout.strip(), "get_info")
     assert code == 0 and (info["repo_slug"], info["branch"]) == ("folder", None)
     assert SECRET.encode() not in stored_bytes(tmp_path / "data")
+
+
+@pytest.mark.timeout(240)
+def test_a_skip_line_shows_a_names_control_characters_escaped(tmp_path: Path) -> None:
+    folder = folder_with(tmp_path, CODE)
+    (folder / "clear\x1b[2J\x07.py").symlink_to("/etc/passwd")
+
+    done = run(tmp_path / "data", CODE, folder)
+
+    assert "skipped clear\\x1b[2J\\x07.py: a link out of the folder\n" in done.stderr
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
