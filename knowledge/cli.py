@@ -98,7 +98,7 @@ def add_wiki(settings: Settings, args: argparse.Namespace, catalogue: Catalogue)
     root: Path = args.dir.resolve()
     if not root.is_dir():
         return _fail(f"{args.dir} is not a folder")
-    pages = read_pages(root)
+    pages = read_pages(root, sys.stderr)
     if not pages:
         print(f"ctxproxy: warning: no *.md files under {root}: the wiki has no pages"
               " (a wiki already made from this folder loses all of its pages)", file=sys.stderr)

@@ -20,14 +20,15 @@ from typing import TextIO
 
 from knowledge.code_parse import ParsedFile, language_of, parse
 from knowledge.code_store import IndexedFile, Repo, stored_digests, sync_code
+from knowledge.folder import Skipped, Walker, read_inside
 from knowledge.model import repo_slug
 from knowledge.store import Catalogue, SyncResult
 
-__all__ = ["MAX_FILE_BYTES", "index_repository", "read_repo", "source_files"]
+__all__ = ["index_repository", "read_repo"]
 
 # Bumped when the parser's output changes, so that a re-run re-indexes every file.
 PARSER_VERSION = b"code-graph/1\0"
-MAX_FILE_BYTES = 1_000_000  # bigger files are generated or vendored: not indexed
+MAX_GIT_BYTES = 1 << 16  # .git/config and HEAD: a checkout's are a few hundred bytes
 # Folders of dependencies and build output, never the repository's own code.
 SKIP_DIRS = frozenset({
     "node_modules", "__pycache__", "target", "dist", "build", "vendor", "venv",
@@ -37,36 +38,28 @@ POOL_THRESHOLD = 500  # below this many files to parse, a pool's start-up costs 
 CHUNK = 64
 
 
-def source_files(root: Path) -> list[str]:
-    """Paths (relative, ``/``-separated, sorted) of the files under ``root`` in a known
-    language; hidden folders and dependency folders are skipped."""
-    found: list[str] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
-        base = Path(folder).relative_to(root)
-        for name in files:
-            if language_of(name) is not None and not name.startswith("."):
-                found.append((base / name).as_posix())
-    found.sort()
-    return found
-
-
 def read_repo(root: Path) -> Repo:
     """The origin URL, its slug and the branch from ``root/.git``; without a remote the slug
     is the folder's name, so the block can still tell the model which repository it is."""
-    url = branch = None
-    git = root / ".git"
+    url = None
     config = configparser.ConfigParser(strict=False, interpolation=None)
     try:
-        config.read(git / "config", encoding="utf-8")
+        config.read_string(_git_text(root, "config"))
         url = config.get('remote "origin"', "url", fallback=None)
-        head = (git / "HEAD").read_text(encoding="utf-8").strip()
-        if head.startswith("ref: refs/heads/"):
-            branch = head[len("ref: refs/heads/"):]
-    except (OSError, configparser.Error, UnicodeDecodeError):
-        pass  # not a git checkout (or an odd one): the folder's name is enough
+    except configparser.Error:
+        pass  # an odd checkout: the folder's name is enough
+    head = _git_text(root, "HEAD").strip()
+    branch = head[len("ref: refs/heads/"):] if head.startswith("ref: refs/heads/") else None
     slug = (repo_slug(url) if url else None) or root.name
     return Repo(url=url, slug=slug, branch=branch)
+
+
+def _git_text(root: Path, name: str) -> str:
+    """A file of ``root/.git`` as text, read like the sources; empty when it is not there."""
+    try:
+        return read_inside(root, f".git/{name}", MAX_GIT_BYTES).decode()
+    except (Skipped, UnicodeDecodeError):
+        return ""
 
 
 def _digest(data: bytes) -> str:
@@ -116,17 +109,15 @@ def index_repository(
     """Index ``root`` (re-run: sync it); the result and the number of files parsed."""
     root = root.resolve()
     source = str(root)
-    paths = source_files(root)
+    folder = Walker(root, progress, skip_dir=SKIP_DIRS.__contains__)
+    paths = folder.files(lambda name: language_of(name) is not None)
     known = stored_digests(catalogue, service_id, team_id, source)
     present: list[str] = []
     jobs: list[tuple[str, str, bytes, str]] = []  # (path, digest, bytes, language)
     for path in paths:
-        try:
-            data = (root / path).read_bytes()
-        except OSError:
-            continue  # vanished or unreadable since the walk: treated as deleted
-        if len(data) > MAX_FILE_BYTES:
-            continue
+        data = folder.read(path)
+        if data is None:
+            continue  # passed over (a link out, not a file, too big, gone): treated as deleted
         present.append(path)
         digest = _digest(data)
         if known.get(path) != digest:

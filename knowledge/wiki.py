@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TextIO
+
+from knowledge.folder import Walker
 
 __all__ = ["Page", "read_pages"]
 
@@ -29,14 +32,18 @@ def _title(body: str, fallback: str) -> str:
     return fallback
 
 
-def read_pages(root: Path) -> list[Page]:
-    """Every ``*.md`` under ``root``, recursively, skipping hidden folders (``.git``)."""
+def read_pages(root: Path, report: TextIO | None = None) -> list[Page]:
+    """Every ``*.md`` under ``root`` (resolved), recursively, skipping hidden folders (``.git``);
+    each file passed over (a link out of the folder, not a file, too big) is a line on
+    ``report``."""
+    folder = Walker(root, report)
     pages = []
-    for path in sorted(root.rglob("*.md")):
-        relative = path.relative_to(root)
-        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+    for relative in folder.files(lambda name: name.endswith(".md")):
+        data = folder.read(relative)
+        if data is None:
             continue
-        body = path.read_text(encoding="utf-8", errors="replace")
-        page_id = relative.with_suffix("").as_posix()
-        pages.append(Page(page_id, _title(body, path.stem), body))
+        # Newlines as a text-mode read gives them, so a page's digest is what it was.
+        body = data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+        path = PurePosixPath(relative)
+        pages.append(Page(path.with_suffix("").as_posix(), _title(body, path.stem), body))
     return pages
