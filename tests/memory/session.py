@@ -47,6 +47,18 @@ async def settle(proxy: Running) -> None:
     await rt.distiller.run_once()
 
 
+async def said_in_sessions(
+    proxy: Running, upstream: FakeUpstream, prompts: list[str], sessions: int = 2
+) -> None:
+    """The prompts said in each of ``sessions`` sessions (a claim distillation keeps needs two),
+    then distilled."""
+    for n in range(1, sessions + 1):
+        s = Session(proxy, upstream, session_id=f"earlier-{n}")
+        for prompt in prompts:
+            await s.say(prompt)
+    await settle(proxy)
+
+
 @dataclass
 class Session:
     """One Codex thread: every request resends the whole history, as Codex does."""

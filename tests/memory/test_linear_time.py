@@ -27,7 +27,7 @@ from injectors.redact import MARK, redact, redact_all
 from memory import snippets, working
 from memory.ingest import episodes
 from memory.model import Memory, MemoryType, Scope
-from memory.statements import _CONSTRAINT, _FACT, _RULE, _UNSAFE, claims, constraints, sentences
+from memory.statements import _CONSTRAINT, _FACT, _RULE, claims, constraints, sentences
 from memory.turns import Turn, answered, last, split
 from memory.words import terms
 from memory.working import derive
@@ -126,8 +126,8 @@ def test_the_maintained_rules_are_linear(shape: Callable[[int], str]) -> None:
     assert_linear(secret_rules.spans, shape)
 
 
-@pytest.mark.parametrize("pattern", [_CONSTRAINT, _FACT, _RULE, _UNSAFE],
-                         ids=["constraint", "fact", "rule", "unsafe"])
+@pytest.mark.parametrize("pattern", [_CONSTRAINT, _FACT, _RULE],
+                         ids=["constraint", "fact", "rule"])
 @pytest.mark.parametrize("shape", ["use use use", "our our our", "one long word", "spaces"])
 def test_statement_patterns_are_linear(pattern: re.Pattern[str], shape: str) -> None:
     assert_linear(lambda text: list(pattern.finditer(text)), SHAPES[shape])
