@@ -1,15 +1,17 @@
 """A client that numbers its tool calls per response (``call_1``, ``call_2`` in every turn, and
 ``call_1`` again in a turn's next model call) gets each output linked to its own call: the
-window forwards no item of a turn it cut, and each stored episode shows a call with its own
-output (issue 43)."""
+window forwards no item of a turn it cut, each masked output's fetch line fetches that output's
+own text, and each stored episode shows a call with its own output (issue 43)."""
 
 from __future__ import annotations
 
 import io
 import json
+import shlex
 from typing import Any
 
 import aiohttp
+import pytest
 
 from memory.model import Memory
 from tests.conftest import ProxyFactory
@@ -17,6 +19,8 @@ from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend, backend, pg_url
 from tests.memory.session import runtime, settle
+from tests.window.test_masking_fetch import fetch_line, run_curl
+from window.step import OFF_LOOP_BYTES
 
 __all__ = ["backend", "pg_url"]  # fixtures, for both stores
 
@@ -95,6 +99,10 @@ def answers(items: list[Item]) -> list[tuple[str, str]]:
             for at, item in enumerate(items) if item.get("type") == "function_call"]
 
 
+def fetch_id(masked: str) -> str:
+    return shlex.split(fetch_line(masked))[-1].rsplit("/", 1)[1]
+
+
 async def test_the_window_forwards_each_kept_call_with_its_own_output_and_no_cut_turn(
     upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
@@ -109,6 +117,32 @@ async def test_the_window_forwards_each_kept_call_with_its_own_output_and_no_cut
     assert [cmd for cmd, _ in pairs] == [f"t{n} {tag}" for n in (4, 5) for tag in "abc"]
     for cmd, text in pairs:
         assert text.startswith(f"{cmd} says line 000\n"), cmd
+
+
+# Outputs of a few KB, and of enough to make the body one that is masked in a thread.
+@pytest.mark.parametrize("lines", [100, 4000], ids=["small body", "large body"])
+async def test_each_masked_output_fetches_its_own_text_with_an_id_of_its_own(
+    upstream: FakeUpstream, start_proxy: ProxyFactory, lines: int
+) -> None:
+    proxy = await start_proxy(**WINDOW)
+    items = session(5, lines)
+    await post(proxy.url, items)
+    assert (len(json.dumps(codex.request(items))) > OFF_LOOP_BYTES) is (lines > 100)
+    sent = upstream.last.json["input"]
+
+    masked = dict(answers(sent))
+    # Turns 4 and 5 masked, three outputs each, two of them answering a call_1.
+    assert sorted(masked) == [f"t{n} {tag}" for n in (4, 5) for tag in "abc"]
+    assert all("ctxproxy removed" in text for text in masked.values())
+    assert len({fetch_id(text) for text in masked.values()}) == len(masked)
+    for cmd, text in masked.items():
+        status, _, whole = await run_curl(fetch_line(text))
+        assert (status, whole) == (200, output(cmd, lines)), cmd
+
+    # The next request of the newest turn: the same cut, so the same bytes before it.
+    progressed = [*items, call("call_1", "t6 a"), result("call_1", "t6 a", lines)]
+    await post(proxy.url, progressed)
+    assert upstream.last.json["input"][: len(sent)] == sent
 
 
 async def test_each_stored_episode_shows_a_call_with_its_own_output(
