@@ -20,12 +20,12 @@ from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend, backend, pg_url
 from tests.memory.session import runtime, settle
 from tests.window.test_masking_fetch import fetch_line, run_curl
-from window.step import OFF_LOOP_BYTES
 
 __all__ = ["backend", "pg_url"]  # fixtures, for both stores
 
 Item = dict[str, Any]
 SESSION = "sess-reuse"
+MIB = 1024 * 1024  # window.step.OFF_LOOP_BYTES: a larger body is masked in a thread
 CONTEXT = len(codex.context_items())
 # Keeping three turns of six cuts the first three and masks the fourth's and fifth's outputs.
 WINDOW = {"window_policy": "fixed", "keep_turns": 3, "trim_slack": 0,
@@ -127,7 +127,7 @@ async def test_each_masked_output_fetches_its_own_text_with_an_id_of_its_own(
     proxy = await start_proxy(**WINDOW)
     items = session(5, lines)
     await post(proxy.url, items)
-    assert (len(json.dumps(codex.request(items))) > OFF_LOOP_BYTES) is (lines > 100)
+    assert (len(json.dumps(codex.request(items))) > MIB) is (lines > 100)
     sent = upstream.last.json["input"]
 
     masked = dict(answers(sent))
