@@ -11,7 +11,15 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from request import History, Item, digest, is_message, message_text, output_text
+from request import (
+    History,
+    Item,
+    call_pairs,
+    digest,
+    is_message,
+    message_text,
+    output_text,
+)
 
 __all__ = ["INDENT", "Turn", "answered", "is_final", "last", "render", "session_key", "split"]
 
@@ -151,12 +159,13 @@ def render(turn: Turn) -> tuple[str, list[str]]:
     by its output), and the names of the tools it called."""
     entries = [_entry(USER, _clip(turn.user.strip(), USER_CHARS))]
     tools: list[str] = []
+    # Each call's own output, by place: a call_id may name several calls of one turn.
+    answers = call_pairs(turn.items)
     outputs = {
-        str(item["call_id"]): output_text(item).strip()
-        for item in turn.items[1:]
-        if str(item.get("type", "")).endswith("_call_output") and "call_id" in item
+        i: output_text(item).strip() for i, item in enumerate(turn.items)
+        if i and str(item.get("type", "")).endswith("_call_output") and "call_id" in item
     }
-    for item in turn.items[1:]:
+    for at, item in enumerate(turn.items[1:], start=1):
         kind = str(item.get("type", "message"))
         if is_message(item) and item.get("role") == "assistant":
             text = message_text(item).strip()
@@ -170,7 +179,7 @@ def render(turn: Turn) -> tuple[str, list[str]]:
             tools.append(name)
             # The output right after its call (Codex sends parallel calls first, then their
             # outputs): a line of it and the command that printed it stay together.
-            output = outputs.pop(str(item.get("call_id")), None)
+            output = outputs.pop(answers.get(at, -1), None)
             if output is not None:
                 entries.append(_entry(f"{OUTPUT} {name}", _clip(output, OUTPUT_CHARS)))
     entries += [_entry(f"{OUTPUT} {UNNAMED}", _clip(out, OUTPUT_CHARS)) for out in outputs.values()]

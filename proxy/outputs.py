@@ -2,12 +2,13 @@
 
 When the window masks an older tool output, the mask's note carries a curl line to
 ``GET /ctxproxy/outputs/{id}`` with the session in ``x-ctxproxy-session``. The id is an
-HMAC over the scope (service, team, agent, user digest), the session and the call id, keyed
-by a secret in the data dir: unguessable, and the same in every process and after a restart,
-so the forwarded bytes stay the same. The outputs themselves live in a least-recently-used
-cache of ``CTXPROXY_MASK_FETCH_MB`` per process; every request between two cuts keeps them
-again, so a process that forwarded one of the session's requests can answer. An id that is
-unknown here, or asked for with another session, gets the same 404 (no oracle).
+HMAC over the scope (service, team, agent, user digest), the session and the output (its place
+in the client's input, its call id and its text's digest: call ids repeat across turns),
+keyed by a secret in the data dir: unguessable, one per output, and the same in every process
+and after a restart, so the forwarded bytes stay the same. The outputs themselves live in a
+least-recently-used cache of ``CTXPROXY_MASK_FETCH_MB`` per process; every request between two
+cuts keeps them again, so a process that forwarded one of the session's requests can answer.
+An id that is unknown here, or asked for with another session, gets the same 404 (no oracle).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hmac
 import re
 import shlex
 import sys
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from config.files import secret_key
 from proxy.app import SETTINGS
 from proxy.auth import OUTPUTS_ROUTE
 from request import Identity
+from window.masking import Output
 
 __all__ = [
     "GONE", "KEY_FILE", "OUTPUTS", "PATH", "SESSION_HEADER", "MaskedOutputs", "OutputIds",
@@ -54,18 +57,19 @@ def load_key(data_dir: Path) -> bytes:
 
 
 class OutputIds:
-    """The id of a call's output in one session and scope (None without a usable session)."""
+    """The id of an output in one session and scope (None without a usable session)."""
 
     def __init__(self, key: bytes, service_id: str) -> None:
         self._key = key
         self._service_id = service_id
 
-    def id(self, identity: Identity, call_id: str) -> str | None:
+    def id(self, identity: Identity, output: Output) -> str | None:
         session = identity.session_id
         if not session or _HEADER_UNSAFE.search(session):
             return None
         scope = [self._service_id, identity.team_id, identity.agent_id, identity.owner]
-        message = _DOMAIN + orjson.dumps([*scope, session, call_id])
+        which = [output.place, output.call_id, output.digest]
+        message = _DOMAIN + orjson.dumps([*scope, session, *which])
         digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]  # 128 bits
         return base64.b32encode(digest).decode().rstrip("=").lower()
 
@@ -80,14 +84,17 @@ def _size(kept: _Kept) -> int:
     return sys.getsizeof(kept.text) + sys.getsizeof(kept.session)
 
 
-# (team, agent, user key, principal, session, call id): what an id is made of, besides the
+# (team, agent, user key, principal, session, output): what an id is made of, besides the
 # service.
-_PointerKey = tuple[str | None, str | None, str | None, str | None, str | None, str]
+_PointerKey = tuple[str | None, str | None, str | None, str | None, str | None, Output]
 POINTERS_MEMO = 8192
 
 
 class MaskedOutputs:
-    """The window's archive: the fetch line of an output, and the outputs kept whole."""
+    """The window's archive: the fetch line of an output, and the outputs kept whole.
+
+    Locked: the window masks a large body in a thread while the loop serves fetches.
+    """
 
     def __init__(self, ids: OutputIds, base_url: str, max_bytes: int) -> None:
         self._ids = ids
@@ -97,37 +104,43 @@ class MaskedOutputs:
         # Every request between two cuts masks the same outputs again: their ids and lines
         # are remembered rather than computed (an HMAC and the quoting: ~12 µs each) again.
         self._pointers: LRUCache[_PointerKey, tuple[str, str]] = LRUCache(POINTERS_MEMO)
+        self._lock = threading.Lock()
 
-    def _pointer(self, identity: Identity, call_id: str) -> tuple[str, str] | None:
+    def _pointer(self, identity: Identity, output: Output) -> tuple[str, str] | None:
         """The output's id and its fetch line."""
         i = identity
-        key = (i.team_id, i.agent_id, i.user_key, i.principal, i.session_id, call_id)
-        found = self._pointers.get(key)
+        key = (i.team_id, i.agent_id, i.user_key, i.principal, i.session_id, output)
+        with self._lock:
+            found = self._pointers.get(key)
         if found is None:
-            output_id = self._ids.id(identity, call_id)
+            output_id = self._ids.id(identity, output)
             if output_id is None:
                 return None
             argv = ["curl", "-sS", "-H", f"{SESSION_HEADER}: {identity.session_id}",
                     f"{self._base_url}{PATH}{output_id}"]
-            found = self._pointers[key] = (output_id, " ".join(shlex.quote(a) for a in argv))
+            found = (output_id, " ".join(shlex.quote(a) for a in argv))
+            with self._lock:
+                self._pointers[key] = found
         return found
 
-    def fetch_command(self, identity: Identity, call_id: str) -> str | None:
-        pointer = self._pointer(identity, call_id)
+    def fetch_command(self, identity: Identity, output: Output) -> str | None:
+        pointer = self._pointer(identity, output)
         return pointer[1] if pointer is not None else None
 
-    def keep(self, identity: Identity, call_id: str, text: str) -> None:
-        pointer = self._pointer(identity, call_id)
-        if pointer is None or self._kept.get(pointer[0]) is not None:
-            return  # no line was given, or it is kept already (get marks it recently used)
-        output_id = pointer[0]
+    def keep(self, identity: Identity, output: Output, text: str) -> None:
+        pointer = self._pointer(identity, output)
+        if pointer is None:
+            return  # no line was given
         kept = _Kept(identity.session_id or "", text)
-        if _size(kept) <= self._max_bytes:
-            self._kept[output_id] = kept
+        with self._lock:
+            # Kept already: get marks it recently used (its id covers its text).
+            if self._kept.get(pointer[0]) is None and _size(kept) <= self._max_bytes:
+                self._kept[pointer[0]] = kept
 
     def get(self, output_id: str, session: str) -> str | None:
         """The output whole, if this process holds it and ``session`` is the one it is of."""
-        kept = self._kept.get(output_id)
+        with self._lock:
+            kept = self._kept.get(output_id)
         if kept is None or not hmac.compare_digest(kept.session.encode(), session.encode()):
             return None
         return kept.text

@@ -14,6 +14,7 @@ from request.exchange import (
 from request.history import Cut, History, digest
 from request.items import (
     Item,
+    call_pairs,
     is_compaction_message,
     is_context,
     is_message,
@@ -24,6 +25,6 @@ from request.items import (
 
 __all__ = [
     "Cut", "Exchange", "History", "Identity", "Item", "NotAResponsesRequest", "Notes", "Step",
-    "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
+    "call_pairs", "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
     "is_turn_start", "message_text", "output_text", "owner_digest", "user_digest",
 ]

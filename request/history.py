@@ -2,7 +2,8 @@
 
 A *turn* starts at a user message that is a real prompt (not one of the agent's context
 messages) and runs to the next one. Context is pinned wherever it stands; a turn's reasoning,
-calls, outputs and unknown items belong to it; items sharing a ``call_id`` go together.
+calls, outputs and unknown items belong to it; a call and its output (the nearest after it with
+its ``call_id``: ids may repeat across turns) go together.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import orjson
 from request.items import (
     SYSTEM_ROLES,
     Item,
+    call_pairs,
     is_compaction_message,
     is_context,
     message_text,
@@ -52,7 +54,7 @@ class History:
     """
 
     __slots__ = (
-        "_calls", "_prompt_keys", "compacted", "context", "items", "model_calls", "starts"
+        "_pairs", "_prompt_keys", "compacted", "context", "items", "model_calls", "starts"
     )
 
     def __init__(self, items: Sequence[Item]) -> None:
@@ -60,12 +62,11 @@ class History:
         self.context: list[bool] = []
         self.starts: list[int] = []  # index of each turn's prompt
         self.compacted = False  # a compaction rewrote it: its first prompt is not the session's
-        self._calls: dict[str, list[int]] = {}
         self._prompt_keys: tuple[str, list[str]] | None = None
         # Model calls each turn made: a run of items the model wrote is one call.
         self.model_calls: list[int] = []
         model_calls: list[int] = []
-        context, starts, calls = self.context, self.starts, self._calls
+        context, starts = self.context, self.starts
         inside = False  # the previous item was the model's
         for i, item in enumerate(items):
             if type(item) is not dict:
@@ -91,10 +92,8 @@ class History:
             if model and not inside and model_calls:
                 model_calls[-1] += 1
             inside = model
-            call_id = item.get("call_id")
-            if type(call_id) is str:
-                calls.setdefault(call_id, []).append(i)
         self.model_calls = model_calls
+        self._pairs = call_pairs(items)
 
     @property
     def turns(self) -> int:
@@ -134,11 +133,11 @@ class History:
         boundary = self.starts[first] if first < len(self.starts) else len(self.items)
         head = self.starts[0]
         keep = [i < head or i >= boundary or c for i, c in enumerate(self.context)]
-        # Calls and their outputs travel together: if any item of a call_id is kept, keep all.
-        for indices in self._calls.values():
-            if len(indices) > 1 and any(keep[i] for i in indices):
-                for i in indices:
-                    keep[i] = True
+        # A call and its output travel together: if either is kept, both are (an output
+        # that came after the next prompt keeps its call). Nothing else shares the pair's id.
+        for call, output in self._pairs.items():
+            if keep[call] or keep[output]:
+                keep[call] = keep[output] = True
         items: list[Item] = []
         removed: list[Item] = []
         starts: list[int] = []

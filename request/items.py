@@ -6,11 +6,12 @@ The markers come from what Codex CLI 0.169.0 sends (``../shared/fixtures/codex/R
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
-    "COMPACTION_MARKERS", "CONTEXT_MARKERS", "Item", "is_compaction_message", "is_context",
-    "is_message", "is_turn_start", "message_text", "output_text",
+    "COMPACTION_MARKERS", "CONTEXT_MARKERS", "Item", "call_pairs", "is_compaction_message",
+    "is_context", "is_message", "is_turn_start", "message_text", "output_text",
 ]
 
 Item = dict[str, Any]
@@ -94,3 +95,26 @@ def is_compaction_message(item: Item) -> bool:
 def is_turn_start(item: Item) -> bool:
     """A user message that is a real prompt."""
     return is_message(item) and item.get("role") == "user" and not is_context(item)
+
+
+def call_pairs(items: Sequence[Item]) -> dict[int, int]:
+    """Each tool call's output: the position of a call to that of the nearest output after it
+    with its ``call_id`` (an output answers the latest call of its id still unanswered).
+
+    Not a map by ``call_id`` alone: some clients number calls per turn or per response
+    (``call_1`` again and again), and an id then names a call of every turn.
+    """
+    pairs: dict[int, int] = {}
+    unanswered: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        call_id = item.get("call_id")
+        if type(call_id) is not str:
+            continue
+        kind = item.get("type")
+        if type(kind) is str and kind.endswith("_output"):
+            calls = unanswered.get(call_id)
+            if calls:
+                pairs[calls.pop()] = i
+        else:
+            unanswered.setdefault(call_id, []).append(i)
+    return pairs

@@ -1,28 +1,54 @@
 """Observation masking: shorten old tool outputs to their head and tail, the call untouched.
 
 Masking is a pure function of the output, the kept size and the fetch line an ``Archive``
-gives for the output's call, so the same output always masks to the same bytes: requests
-between two cuts stay byte-identical prefixes of each other and the provider's prompt cache
-keeps working.
+gives for the output, so the same output always masks to the same bytes: requests between two
+cuts stay byte-identical prefixes of each other and the provider's prompt cache keeps working.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from request import Identity, Item, output_text
 
 __all__ = [
-    "OUTPUT_TYPES", "Archive", "Pointer", "mask_output", "mask_range", "mask_text",
+    "OUTPUT_TYPES", "Archive", "Output", "Pointer", "mask_output", "mask_range", "mask_text",
     "output_text",
 ]
 
 # The item types that carry a tool's output (function tools and freeform custom tools).
 OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
-# A call_id to the shell command that fetches that call's whole output (None: no pointer).
-Pointer = Callable[[str], str | None]
+# An output item and its place (its index in the list being masked) to the shell command that
+# fetches it whole (None: no pointer).
+Pointer = Callable[[int, Item], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One tool output, as its fetch line names it.
+
+    Not by its ``call_id`` alone: clients that number calls per turn send ``call_1`` in many
+    turns. Its place and its text's digest tell two such outputs apart (an id never fetches
+    another output's text); both stay the same on every request between cuts, as the client's
+    history only grows.
+    """
+
+    place: int  # its index in the client's input
+    call_id: str
+    digest: str  # SHA-256 of its whole text
+
+    @classmethod
+    def of(cls, place: int, item: Item) -> Output | None:
+        """The output ``item`` at ``place``; None when it has no call_id to go by."""
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str):
+            return None
+        text = output_text(item).encode("utf-8", "surrogatepass")
+        return cls(place, call_id, hashlib.sha256(text).hexdigest())
 
 
 class Archive(Protocol):
@@ -32,9 +58,9 @@ class Archive(Protocol):
     request, every replica, every restart): it is part of the forwarded bytes.
     """
 
-    def fetch_command(self, identity: Identity, call_id: str) -> str | None: ...
+    def fetch_command(self, identity: Identity, output: Output) -> str | None: ...
 
-    def keep(self, identity: Identity, call_id: str, text: str) -> None: ...
+    def keep(self, identity: Identity, output: Output, text: str) -> None: ...
 
 
 def _note(removed: int, fetch: str | None) -> str:
@@ -72,10 +98,13 @@ def _is_text_part(part: object) -> bool:
     return isinstance(part, dict) and isinstance(part.get("text"), str)
 
 
-def mask_output(item: Item, keep_chars: int, pointer: Pointer | None = None) -> Item:
+def mask_output(
+    item: Item, keep_chars: int, pointer: Pointer | None = None, place: int = 0
+) -> Item:
     """A copy of a tool-output item with its text masked; other items come back as they are.
 
-    ``pointer`` is asked for the fetch line only when the output is long enough to mask.
+    ``pointer`` is asked for the fetch line (with ``place``) only when the output is long
+    enough to mask.
     """
     if item.get("type") not in OUTPUT_TYPES:
         return item
@@ -88,8 +117,7 @@ def mask_output(item: Item, keep_chars: int, pointer: Pointer | None = None) -> 
         return item
     if not any(_shortens(text, keep_chars) for text in texts):
         return item
-    call_id = item.get("call_id")
-    fetch = pointer(call_id) if pointer is not None and isinstance(call_id, str) else None
+    fetch = pointer(place, item) if pointer is not None else None
     if isinstance(output, str):
         masked = mask_text(output, keep_chars, fetch)
         return item if masked == output else {**item, "output": masked}
@@ -104,16 +132,17 @@ def mask_output(item: Item, keep_chars: int, pointer: Pointer | None = None) -> 
 
 def mask_range(
     items: list[Item], start: int, end: int, keep_chars: int, pointer: Pointer | None = None
-) -> list[Item]:
-    """Mask the tool outputs in ``items[start:end]`` in place; returns the items replaced.
+) -> list[tuple[int, Item]]:
+    """Mask the tool outputs in ``items[start:end]`` in place; returns the items replaced,
+    each with its index. ``pointer`` is asked with an item's index in ``items``.
 
     ``items`` must be the caller's own list: the client's items are never modified, changed
     ones are replaced by copies (the originals, whole, are what this returns).
     """
     replaced = []
     for i in range(max(start, 0), min(end, len(items))):
-        masked = mask_output(items[i], keep_chars, pointer)
+        masked = mask_output(items[i], keep_chars, pointer, i)
         if masked is not items[i]:
-            replaced.append(items[i])
+            replaced.append((i, items[i]))
             items[i] = masked
     return replaced

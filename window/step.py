@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from functools import partial
+import asyncio
 
 import orjson
 
 from config import Settings
-from request import Exchange, output_text
+from request import Cut, Exchange, Item, output_text
 from window.digest import Digests
-from window.masking import Archive, Pointer, mask_range
+from window.masking import Archive, Output, mask_range
 from window.policy import CostPolicy, budget_drop, turns_to_drop
 
-__all__ = ["WindowStep"]
+__all__ = ["OFF_LOOP_BYTES", "WindowStep"]
+
+# Masking reads each output it masks whole (its fetch id digests the text): for a body past
+# this size it runs in a thread, as the body's parse does.
+OFF_LOOP_BYTES = 1024 * 1024
 
 
 class WindowStep:
@@ -88,26 +92,14 @@ class WindowStep:
         cut = ex.history.keep_from(drop)
         kept = cut.items
         if self.mask_chars is not None:
-            archive, identity = self.archive, ex.identity
-            pointer: Pointer | None = None
-            if archive is not None:
-                pointer = partial(archive.fetch_command, identity)
-            masked_turns = []
-            total = 0
-            for k in range(min(newest_at_cut - drop, len(cut.starts) - 1)):
-                start, end = cut.starts[k], cut.starts[k + 1]
-                whole = mask_range(kept, start, end, self.mask_chars, pointer)
-                if whole:
-                    masked_turns.append(drop + k)
-                    total += len(whole)
-                if archive is not None:
-                    # Kept again on every request between cuts: any process that forwards
-                    # one of them can answer the fetch line.
-                    for item in whole:
-                        if isinstance(call_id := item.get("call_id"), str):
-                            archive.keep(identity, call_id, output_text(item))
-            ex.notes.outputs_masked = total
-            ex.masked_turns = frozenset(masked_turns)
+            args = (ex, cut, drop, min(newest_at_cut - drop, len(cut.starts) - 1),
+                    self.mask_chars)
+            if len(ex.raw) > OFF_LOOP_BYTES:
+                masked = await asyncio.to_thread(self._mask, *args)
+            else:
+                masked = self._mask(*args)
+            ex.notes.outputs_masked = sum(masked.values())
+            ex.masked_turns = frozenset(masked)
         starts = cut.starts
         if self.digests is not None:
             # What was cut, in brief, right before the first kept turn: the same bytes until
@@ -123,3 +115,35 @@ class WindowStep:
         ex.first_turn = drop
         ex.starts = starts
         ex.changed = True
+
+    def _mask(
+        self, ex: Exchange, cut: Cut, drop: int, older: int, keep_chars: int
+    ) -> dict[int, int]:
+        """Mask the tool outputs of the first ``older`` kept turns in ``cut.items``; returns
+        the outputs masked in each turn that had some (history numbering)."""
+        if older <= 0:
+            return {}
+        archive, identity, kept = self.archive, ex.identity, cut.items
+        # Every item from the first kept prompt on is kept: its place in the client's input
+        # is its place here, shifted by what was cut before it.
+        shift = ex.history.starts[drop] - cut.starts[0]
+        outputs: dict[int, Output | None] = {}
+
+        def pointer(i: int, item: Item) -> str | None:
+            if archive is None:
+                return None
+            output = outputs[i] = Output.of(i + shift, item)
+            return None if output is None else archive.fetch_command(identity, output)
+
+        masked: dict[int, int] = {}
+        for k in range(older):
+            whole = mask_range(kept, cut.starts[k], cut.starts[k + 1], keep_chars, pointer)
+            if whole:
+                masked[drop + k] = len(whole)
+            if archive is not None:
+                # Kept again on every request between cuts: any process that forwards one of
+                # them can answer the fetch line.
+                for i, item in whole:
+                    if (output := outputs.get(i)) is not None:
+                        archive.keep(identity, output, output_text(item))
+        return masked

@@ -18,7 +18,7 @@ from request import Identity
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
-from window.masking import mask_output, mask_text
+from window.masking import Output, mask_output, mask_text
 
 BIG = "".join(f"line {n}: some build output worth keeping\n" for n in range(400))
 WINDOW = {"window_policy": "fixed", "keep_turns": 2, "trim_slack": 0,
@@ -199,18 +199,18 @@ def test_the_note_holds_the_line_and_is_a_function_of_its_inputs() -> None:
 
 
 def test_the_pointer_is_asked_only_for_outputs_long_enough_to_mask() -> None:
-    asked: list[str] = []
+    asked: list[tuple[int, str]] = []
 
-    def pointer(call_id: str) -> str:
-        asked.append(call_id)
+    def pointer(place: int, item: dict[str, Any]) -> str:
+        asked.append((place, item["call_id"]))
         return "curl -sS x"
 
     short = {"type": "function_call_output", "call_id": "c1", "output": "ok\n"}
     assert mask_output(short, 600, pointer) is short and asked == []
     parts = {"type": "custom_tool_call_output", "call_id": "c2",
              "output": [{"type": "input_text", "text": BIG}, {"type": "input_image"}]}
-    masked = mask_output(parts, 600, pointer)
-    assert asked == ["c2"] and "curl -sS x" in masked["output"][0]["text"]
+    masked = mask_output(parts, 600, pointer, 7)
+    assert asked == [(7, "c2")] and "curl -sS x" in masked["output"][0]["text"]
     assert masked["output"][1] == {"type": "input_image"}
 
 
@@ -225,14 +225,16 @@ def test_the_store_keeps_to_its_budget_least_recently_used_out_first() -> None:
     who = Identity("team-1", "coder", "uk-1", "sess-a")
     outputs = MaskedOutputs(OutputIds(b"k" * 32, "default"), "http://127.0.0.1:8787", 12_000)
     ids = {}
-    for call in ("c1", "c2", "c3"):
-        outputs.keep(who, call, call * 2500)  # ~5 KB each: two fit
-        ids[call] = (outputs.fetch_command(who, call) or "").rsplit("/", 1)[1]
+    for place, call in enumerate(("c1", "c2", "c3")):
+        output = Output(place, call, call)
+        outputs.keep(who, output, call * 2500)  # ~5 KB each: two fit
+        ids[call] = (outputs.fetch_command(who, output) or "").rsplit("/", 1)[1]
     assert outputs.get(ids["c1"], "sess-a") is None
     assert outputs.get(ids["c3"], "sess-a") == "c3" * 2500
     assert outputs.get(ids["c3"], "sess-b") is None
-    outputs.keep(who, "c4", "x" * 100_000)  # over the whole budget: not kept, no error
+    outputs.keep(who, Output(3, "c4", "c4"), "x" * 100_000)  # over the budget: not kept
     assert outputs.get(ids["c3"], "sess-a") is not None
     # No usable session, no line and nothing kept.
-    assert outputs.fetch_command(Identity("t", "a", None, None), "c1") is None
-    assert outputs.fetch_command(Identity("t", "a", None, "two words"), "c1") is None
+    c1 = Output(0, "c1", "c1")
+    assert outputs.fetch_command(Identity("t", "a", None, None), c1) is None
+    assert outputs.fetch_command(Identity("t", "a", None, "two words"), c1) is None
