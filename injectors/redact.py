@@ -28,7 +28,7 @@ from typing import Any
 
 import re2
 
-from injectors.bounds import RECORD_CHARS, cut_mark, ends
+from injectors.bounds import RECORD_CHARS, WHITESPACE, cut_mark, ends, whole_words
 from injectors.secret_rules import rules, spans
 
 __all__ = ["MARK", "redact", "redact_all"]
@@ -227,16 +227,13 @@ def _may_match(text: str) -> frozenset[int]:
     return frozenset(_looser().Match(text) or ())
 
 
-_WHITESPACE = " \t\n\r"
-
-
 def _bounded(text: str) -> str:
     """``text`` cut to ``RECORD_CHARS``; the words the cut splits are dropped whole (half a
     key is still a secret), and so is the rest of a private key whose BEGIN line was cut."""
     mark = cut_mark(len(text))
     head, tail = ends(text, RECORD_CHARS, mark)
-    head = head[: max(head.rfind(c) for c in _WHITESPACE) + 1]
-    starts = [i for i in (tail.find(c) for c in _WHITESPACE) if i >= 0]
+    head = whole_words(text, len(head))
+    starts = [i for i in (tail.find(c) for c in WHITESPACE) if i >= 0]
     tail = tail[min(starts) :] if starts else ""
     end = _KEY_END.search(tail)
     if end is not None and not 0 <= tail.find("-----BEGIN", 0, end.start()):
