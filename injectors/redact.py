@@ -42,6 +42,14 @@ _PRIVATE_KEY = re.compile(
     re.DOTALL,
 )
 _KEY_END = re.compile(r"-----END[A-Z0-9 ]*+(?:(?<=PRIVATE KEY)|(?<=PRIVATE KEY BLOCK))-----")
+# PuTTY's key files and SSH2's (RFC 4716): the maintained rules know their first line, but
+# the key is in the lines after it, up to the MAC or the END line (or the end, when cut).
+_KEY_FILE = re.compile(
+    r"PuTTY-User-Key-File-\d++:.*?(?:Private-MAC:[^\n]*+|\Z)"
+    r"|---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----.*?"
+    r"(?:---- END SSH2 ENCRYPTED PRIVATE KEY ----|\Z)",
+    re.DOTALL,
+)
 
 # Keys with a recognisable shape, wherever they stand. Each long run is either bounded or
 # succeeds however long it is, except the JWT's, which starts only where its run starts.
@@ -147,6 +155,7 @@ def _aws_secret(match: re.Match[str]) -> str:
 # In order: whole blocks first, then the shapes that name their secret, then bare shapes.
 _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (_PRIVATE_KEY, KEY_MARK),
+    (_KEY_FILE, KEY_MARK),
     (_URL_PASSWORD, rf"\1:{MARK}@"),
     (_BEARER, rf"\1\2{MARK}"),
     (_AUTHORIZATION, rf"\1{MARK}"),
@@ -168,6 +177,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
 _WS = r"[\t\n\v\f\r \x1c-\x1f]"
 _LOOSER: dict[re.Pattern[str], str] = {
     _PRIVATE_KEY: r"-----BEGIN",
+    _KEY_FILE: r"PuTTY-User-Key-File-|---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----",
     _URL_PASSWORD: r"://[^/@]*@",
     _BEARER: rf"(?i)bearer{_WS}+[A-Za-z0-9._~+/=-]{{8}}",
     _AUTHORIZATION: r"(?i)authorization",

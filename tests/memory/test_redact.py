@@ -61,6 +61,19 @@ def test_private_key_block_is_removed_whole() -> None:
     assert out.startswith("here it is:") and out.endswith("thanks")
 
 
+@pytest.mark.parametrize("key", [
+    "PuTTY-User-Key-File-2: ssh-rsa\nEncryption: none\nPrivate-Lines: 1\nAAAAgQCpW3Xq9T0sY2lEq8\n"
+    "Private-MAC: 3a9f",
+    "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nComment: \"k\"\nAAAAgQCpW3Xq9T0sY2lEq8\n"
+    "---- END SSH2 ENCRYPTED PRIVATE KEY ----",
+])
+def test_key_files_whose_first_line_alone_is_a_rules_shape_are_removed_whole(key: str) -> None:
+    out = redact(f"here it is:\n{key}\nthanks")
+    assert out == f"here it is:\n{redact_module.KEY_MARK}\nthanks"
+    cut = key[: key.rindex("\n")]  # without its last line
+    assert "AAAAgQCpW3Xq9T0sY2lEq8" in cut and "AAAAgQCpW3Xq9T0sY2lEq8" not in redact(cut)
+
+
 def test_truncated_private_key_is_removed_to_the_end() -> None:
     out = redact("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA")
     assert "MIIEowIBAAKCAQEA" not in out
@@ -95,6 +108,8 @@ _PIECES = [
     "api_key", "ApiKey", "credentials", "Bearer", "authorization", "Basic", "mysql", "mariadb",
     "-p", "-u", "--user", "--password", "--token", "sk-", "sk_live_", "ghp_", "xoxb-", "hf_",
     "AKIA", "eyJ", "AIza", "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----",
+    "PuTTY-User-Key-File-2:", "Private-MAC:", "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----",
+    "---- END SSH2 ENCRYPTED PRIVATE KEY ----",
     "https://", "://", "@", ":", "=", " = ", '"', "'", " ", "\t", "\n", "\x0b", "\x1c", ".", "_",
     "-", ";", ",", "is", " is ", "was", "are", "/", "+", "abcdefghijklmnop", "ABCDEFGHIJKLMNOP",
     "0123456789", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "\u212a", "é",
