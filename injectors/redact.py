@@ -97,15 +97,17 @@ _SECRET_NAME = (
     + "|".join(f"(?<={re.escape(e)})" for e in _SECRET_ENDINGS)
     + "))"
 )
-# password=..., "api_key": "...", DB_PASSWORD: ..., AccountKey=...;
+# password=..., "api_key": "...", DB_PASSWORD: ..., AccountKey=...; and in a JSON string
+# (a tool call's arguments, as memory stores them): DB_PASSWORD=\"...\", \"api_key\": \"...\"
 _ASSIGNMENT = re.compile(
     rf"""
     (?<![\w.-])
-    (?P<name>["']?{_SECRET_NAME}["']?)
+    (?P<name>(?:\\?["'])?{_SECRET_NAME}(?:\\?["'])?)
     (?P<sep>\s*+[:=]\s*+)
     (?:
         "(?P<dq>[^"\n]*+)"
       | '(?P<sq>[^'\n]*+)'
+      | \\"(?P<edq>(?:[^"\\\n]|\\[^"\n])*+)\\"
       | (?P<bare>[^\s"',;&}}\]]++)
     )
     """,
@@ -140,6 +142,8 @@ def _assignment(match: re.Match[str]) -> str:
         return f'{name}{sep}"{MARK}"'
     if match.group("sq") is not None:
         return f"{name}{sep}'{MARK}'"
+    if match.group("edq") is not None:
+        return f'{name}{sep}\\"{MARK}\\"'
     return f"{name}{sep}{MARK}"
 
 
@@ -182,7 +186,7 @@ _LOOSER: dict[re.Pattern[str], str] = {
     _BEARER: rf"(?i)bearer{_WS}+[A-Za-z0-9._~+/=-]{{8}}",
     _AUTHORIZATION: r"(?i)authorization",
     _ASSIGNMENT: rf"(?i)(?:password|passwd|passphrase|pwd|secret|token|credentials?|key|pass|pw)"
-                 rf"[\"']?{_WS}*[:=]",
+                 rf"(?:\\?[\"'])?{_WS}*[:=]",
     _FLAG: r"(?i)-(?:password|passwd|pass|pwd|token|secret|api-key|apikey|access-key"
            r"|secret-key|client-secret)[ \t]",
     _USER_FLAG: r"-u",

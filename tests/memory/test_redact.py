@@ -45,6 +45,9 @@ from injectors.redact import MARK, redact, redact_all
         ("DB_PASS=hunter2", "hunter2"),
         ("AccountName=acct;AccountKey=abc+def/ghi==;EndpointSuffix=x", "abc+def/ghi=="),
         ("the pw is Tr0ub4dor", "Tr0ub4dor"),
+        # In a JSON string, as memory stores a tool call's arguments (issue 43).
+        ('{"cmd": "export DB_PASSWORD=\\"hunter2\\" && psql"}', "hunter2"),
+        ('{"cmd": "echo {\\"client_secret\\": \\"s3cr3t\\\\Value\\"}"}', "s3cr3t"),
     ],
 )
 def test_secret_is_replaced_by_the_mark(text: str, secret: str) -> None:
@@ -110,7 +113,8 @@ _PIECES = [
     "AKIA", "eyJ", "AIza", "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----",
     "PuTTY-User-Key-File-2:", "Private-MAC:", "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----",
     "---- END SSH2 ENCRYPTED PRIVATE KEY ----",
-    "https://", "://", "@", ":", "=", " = ", '"', "'", " ", "\t", "\n", "\x0b", "\x1c", ".", "_",
+    "https://", "://", "@", ":", "=", " = ", '"', "'", '\\"', "\\", " ", "\t", "\n", "\x0b",
+    "\x1c", ".", "_",
     "-", ";", ",", "is", " is ", "was", "are", "/", "+", "abcdefghijklmnop", "ABCDEFGHIJKLMNOP",
     "0123456789", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "\u212a", "é",
     # Non-ASCII text is asked in a stand-in: its spaces, others and look-alikes of letters.
