@@ -23,11 +23,13 @@ from config.logs import JsonFormatter
 from injectors import redact
 from injectors.secret_rules import rules
 from proxy.ledger_wiring import LEDGER
+from request import History
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend, backend, pg_url
 from tests.memory.session import Session, codex_text, runtime, settle
+from window.digest import digest_message
 
 __all__ = ["backend", "pg_url"]
 
@@ -265,3 +267,21 @@ async def test_no_secret_of_a_cut_turn_reaches_the_upstream_store_ledger_capture
     assert leaked(capture) == []
     formatter = JsonFormatter()
     assert leaked("\n".join(formatter.format(record) for record in caplog.records)) == []
+
+
+def test_a_key_split_where_the_digest_stops_reading_is_shown_in_no_part() -> None:
+    # Where the digest stops reading a prompt (now and as it was) or an output (for names), a
+    # key the limit runs through shows in no part: half a key is still a secret, and no rule
+    # knows it for one.
+    key = "ghp_" + run(ALNUM, 36)
+    for where, at in [("prompt", 790), ("prompt", 1590), ("output", 3990)]:
+        text = "deploy" + " " * (at - 6) + key
+        prompt, output = (text, "ok") if where == "prompt" else ("deploy it", text)
+        items = [*codex.context_items(), *codex.tool_turn(prompt, output),
+                 *codex.text_turn("next"), codex.text("user", "go on")]
+        made = digest_message(History(items), 2, 8000)
+        assert made is not None
+        shown = made["content"][0]["text"]
+        assert "deploy" in shown
+        pieces = [key[i : i + 6] for i in range(4, len(key) - 5)]
+        assert [piece for piece in pieces if piece in shown] == [], (where, at)
