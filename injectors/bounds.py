@@ -7,10 +7,11 @@ pattern and rule behind it is bounded by the cap, whatever a request carries.
 
 from __future__ import annotations
 
-__all__ = ["RECORD_CHARS", "clip", "cut_mark", "ends"]
+__all__ = ["RECORD_CHARS", "WHITESPACE", "clip", "cut_mark", "ends", "whole_words"]
 
 RECORD_CHARS = 64_000  # as memory.turns.TURN_CHARS: a rendered turn is never cut twice
 _HEAD = 3 / 4  # of what is kept; the rest is the tail
+WHITESPACE = " \t\n\r"
 
 
 def cut_mark(length: int) -> str:
@@ -34,3 +35,12 @@ def clip(text: str, limit: int = RECORD_CHARS, *, mark: str | None = None) -> st
     mark = cut_mark(len(text)) if mark is None else mark
     head, tail = ends(text, limit, mark)
     return head + mark[:limit] + tail
+
+
+def whole_words(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit`` without the
+    word the cut splits: half a key is still a secret, and no rule knows it for one."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    return head[: max(head.rfind(c) for c in WHITESPACE) + 1]

@@ -28,7 +28,7 @@ from typing import Any
 
 import re2
 
-from injectors.bounds import RECORD_CHARS, cut_mark, ends
+from injectors.bounds import RECORD_CHARS, WHITESPACE, cut_mark, ends, whole_words
 from injectors.secret_rules import rules, spans
 
 __all__ = ["MARK", "redact", "redact_all"]
@@ -42,6 +42,14 @@ _PRIVATE_KEY = re.compile(
     re.DOTALL,
 )
 _KEY_END = re.compile(r"-----END[A-Z0-9 ]*+(?:(?<=PRIVATE KEY)|(?<=PRIVATE KEY BLOCK))-----")
+# PuTTY's key files and SSH2's (RFC 4716): the maintained rules know their first line, but
+# the key is in the lines after it, up to the MAC or the END line (or the end, when cut).
+_KEY_FILE = re.compile(
+    r"PuTTY-User-Key-File-\d++:.*?(?:Private-MAC:[^\n]*+|\Z)"
+    r"|---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----.*?"
+    r"(?:---- END SSH2 ENCRYPTED PRIVATE KEY ----|\Z)",
+    re.DOTALL,
+)
 
 # Keys with a recognisable shape, wherever they stand. Each long run is either bounded or
 # succeeds however long it is, except the JWT's, which starts only where its run starts.
@@ -89,15 +97,17 @@ _SECRET_NAME = (
     + "|".join(f"(?<={re.escape(e)})" for e in _SECRET_ENDINGS)
     + "))"
 )
-# password=..., "api_key": "...", DB_PASSWORD: ..., AccountKey=...;
+# password=..., "api_key": "...", DB_PASSWORD: ..., AccountKey=...; and in a JSON string
+# (a tool call's arguments, as memory stores them): DB_PASSWORD=\"...\", \"api_key\": \"...\"
 _ASSIGNMENT = re.compile(
     rf"""
     (?<![\w.-])
-    (?P<name>["']?{_SECRET_NAME}["']?)
+    (?P<name>(?:\\?["'])?{_SECRET_NAME}(?:\\?["'])?)
     (?P<sep>\s*+[:=]\s*+)
     (?:
         "(?P<dq>[^"\n]*+)"
       | '(?P<sq>[^'\n]*+)'
+      | \\"(?P<edq>(?:[^"\\\n]|\\[^"\n])*+)\\"
       | (?P<bare>[^\s"',;&}}\]]++)
     )
     """,
@@ -132,6 +142,8 @@ def _assignment(match: re.Match[str]) -> str:
         return f'{name}{sep}"{MARK}"'
     if match.group("sq") is not None:
         return f"{name}{sep}'{MARK}'"
+    if match.group("edq") is not None:
+        return f'{name}{sep}\\"{MARK}\\"'
     return f"{name}{sep}{MARK}"
 
 
@@ -147,6 +159,7 @@ def _aws_secret(match: re.Match[str]) -> str:
 # In order: whole blocks first, then the shapes that name their secret, then bare shapes.
 _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (_PRIVATE_KEY, KEY_MARK),
+    (_KEY_FILE, KEY_MARK),
     (_URL_PASSWORD, rf"\1:{MARK}@"),
     (_BEARER, rf"\1\2{MARK}"),
     (_AUTHORIZATION, rf"\1{MARK}"),
@@ -168,11 +181,12 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
 _WS = r"[\t\n\v\f\r \x1c-\x1f]"
 _LOOSER: dict[re.Pattern[str], str] = {
     _PRIVATE_KEY: r"-----BEGIN",
+    _KEY_FILE: r"PuTTY-User-Key-File-|---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----",
     _URL_PASSWORD: r"://[^/@]*@",
     _BEARER: rf"(?i)bearer{_WS}+[A-Za-z0-9._~+/=-]{{8}}",
     _AUTHORIZATION: r"(?i)authorization",
     _ASSIGNMENT: rf"(?i)(?:password|passwd|passphrase|pwd|secret|token|credentials?|key|pass|pw)"
-                 rf"[\"']?{_WS}*[:=]",
+                 rf"(?:\\?[\"'])?{_WS}*[:=]",
     _FLAG: r"(?i)-(?:password|passwd|pass|pwd|token|secret|api-key|apikey|access-key"
            r"|secret-key|client-secret)[ \t]",
     _USER_FLAG: r"-u",
@@ -227,16 +241,13 @@ def _may_match(text: str) -> frozenset[int]:
     return frozenset(_looser().Match(text) or ())
 
 
-_WHITESPACE = " \t\n\r"
-
-
 def _bounded(text: str) -> str:
     """``text`` cut to ``RECORD_CHARS``; the words the cut splits are dropped whole (half a
     key is still a secret), and so is the rest of a private key whose BEGIN line was cut."""
     mark = cut_mark(len(text))
     head, tail = ends(text, RECORD_CHARS, mark)
-    head = head[: max(head.rfind(c) for c in _WHITESPACE) + 1]
-    starts = [i for i in (tail.find(c) for c in _WHITESPACE) if i >= 0]
+    head = whole_words(text, len(head))
+    starts = [i for i in (tail.find(c) for c in WHITESPACE) if i >= 0]
     tail = tail[min(starts) :] if starts else ""
     end = _KEY_END.search(tail)
     if end is not None and not 0 <= tail.find("-----BEGIN", 0, end.start()):

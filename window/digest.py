@@ -6,12 +6,14 @@ import asyncio
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from cachetools import LRUCache
 
 from injectors import cut_digest
+from injectors.bounds import whole_words
 from injectors.redact import redact_all
 from request import History, Identity, Item, message_text, output_text
 
@@ -65,16 +67,24 @@ def _names(text: str, seen: dict[str, None]) -> None:
             seen[name] = None
 
 
-def _cut_turn(
-    history: History, n: int, clean: Callable[[Sequence[str]], list[str]]
-) -> cut_digest.CutTurn:
-    calls: list[tuple[str, str]] = []
+@dataclass
+class _Read:
+    """A turn's texts as the digest reads them, in one list to be redacted together: each
+    call's tool name and command, the texts read for names, then its prompt and answer."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: list[tuple[int, int]] = field(default_factory=list)  # (name, command) in texts
+    scans: list[tuple[int, bool]] = field(default_factory=list)  # (in texts, is an output)
+
+    def add(self, text: str, chars: int) -> int:
+        # Cut before redaction, so whole words only: the cut would hide half a key.
+        self.texts.append(whole_words(text, chars))
+        return len(self.texts) - 1
+
+
+def _read(history: History, n: int) -> _Read:
+    read = _Read()
     answer = ""
-    # The names the turn worked with, each once, newest last: what its outputs showed, then
-    # what the model itself wrote (its commands, its reasoning summaries), which later
-    # commands reuse most.
-    seen: dict[str, None] = {}
-    used: dict[str, None] = {}
     for item in history.turn_items(n)[1:]:
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "assistant":
@@ -82,27 +92,41 @@ def _cut_turn(
         elif kind == "reasoning":
             summary = item.get("summary")
             if isinstance(summary, list):
-                for part in summary[:8]:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        _names(part["text"], used)
+                read.scans += [(read.add(part["text"], OUTPUT_SCAN_CHARS), False)
+                               for part in summary[:8]
+                               if isinstance(part, dict) and isinstance(part.get("text"), str)]
         elif isinstance(kind, str) and kind.endswith("_call"):
             name = item.get("name")
-            what = _what(item)
-            calls.append((name if isinstance(name, str) else kind, what))
-            _names(what, used)
+            call = read.add(name if isinstance(name, str) else kind, cut_digest.CALL_CHARS)
+            what = read.add(_what(item), OUTPUT_SCAN_CHARS)
+            read.calls.append((call, what))
+            read.scans.append((what, False))
         elif isinstance(kind, str) and kind.endswith("_call_output"):
-            _names(output_text(item), seen)
-    # What users pasted stays in their own turns: the digest carries none of it.
-    # Redacted together: one ask of the secret rules for the whole turn (see redact_all).
-    prompt, last, names, *said = clean([
-        history.prompt_text(n)[: cut_digest.PROMPT_CHARS * 2],
-        answer[: cut_digest.ANSWER_CHARS * 2],
-        " ".join([*(n for n in seen if n not in used), *used][-MAX_NAMES:]),
-        *(args[: cut_digest.CALL_CHARS * 2] for _, args in calls),
-    ])
+            read.scans.append((read.add(output_text(item), OUTPUT_SCAN_CHARS), True))
+    read.add(history.prompt_text(n), cut_digest.PROMPT_CHARS * 4)
+    read.add(answer, cut_digest.ANSWER_CHARS * 4)
+    return read
+
+
+def _cut_turn(
+    history: History, n: int, clean: Callable[[Sequence[str]], list[str]]
+) -> cut_digest.CutTurn:
+    read = _read(history, n)
+    # Every text is redacted before anything is taken from it: a name pulled out of
+    # "DB_PASSWORD=..." leaves the value where no rule knows it for one. Redacted together:
+    # one ask of the secret rules for the whole turn (see redact_all).
+    *texts, prompt, answer = clean(read.texts)
+    # The names the turn worked with, each once, newest last: what its outputs showed, then
+    # what the model itself wrote (its commands, its reasoning summaries), which later
+    # commands reuse most.
+    seen: dict[str, None] = {}
+    used: dict[str, None] = {}
+    for at, is_output in read.scans:
+        _names(texts[at], seen if is_output else used)
+    names = [*(name for name in seen if name not in used), *used][-MAX_NAMES:]
     return cut_digest.CutTurn(
-        n + 1, prompt, tuple((name, args) for (name, _), args in zip(calls, said, strict=True)),
-        last, tuple(names.split()),
+        n + 1, prompt, tuple((texts[call], texts[what]) for call, what in read.calls),
+        answer, tuple(names),
     )
 
 

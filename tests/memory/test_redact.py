@@ -45,6 +45,9 @@ from injectors.redact import MARK, redact, redact_all
         ("DB_PASS=hunter2", "hunter2"),
         ("AccountName=acct;AccountKey=abc+def/ghi==;EndpointSuffix=x", "abc+def/ghi=="),
         ("the pw is Tr0ub4dor", "Tr0ub4dor"),
+        # In a JSON string, as memory stores a tool call's arguments (issue 43).
+        ('{"cmd": "export DB_PASSWORD=\\"hunter2\\" && psql"}', "hunter2"),
+        ('{"cmd": "echo {\\"client_secret\\": \\"s3cr3t\\\\Value\\"}"}', "s3cr3t"),
     ],
 )
 def test_secret_is_replaced_by_the_mark(text: str, secret: str) -> None:
@@ -59,6 +62,19 @@ def test_private_key_block_is_removed_whole() -> None:
     out = redact(f"here it is:\n{key}\nthanks")
     assert "b3BlbnNzaC1rZXktdjEAAAA" not in out
     assert out.startswith("here it is:") and out.endswith("thanks")
+
+
+@pytest.mark.parametrize("key", [
+    "PuTTY-User-Key-File-2: ssh-rsa\nEncryption: none\nPrivate-Lines: 1\nAAAAgQCpW3Xq9T0sY2lEq8\n"
+    "Private-MAC: 3a9f",
+    "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nComment: \"k\"\nAAAAgQCpW3Xq9T0sY2lEq8\n"
+    "---- END SSH2 ENCRYPTED PRIVATE KEY ----",
+])
+def test_key_files_whose_first_line_alone_is_a_rules_shape_are_removed_whole(key: str) -> None:
+    out = redact(f"here it is:\n{key}\nthanks")
+    assert out == f"here it is:\n{redact_module.KEY_MARK}\nthanks"
+    cut = key[: key.rindex("\n")]  # without its last line
+    assert "AAAAgQCpW3Xq9T0sY2lEq8" in cut and "AAAAgQCpW3Xq9T0sY2lEq8" not in redact(cut)
 
 
 def test_truncated_private_key_is_removed_to_the_end() -> None:
@@ -95,7 +111,10 @@ _PIECES = [
     "api_key", "ApiKey", "credentials", "Bearer", "authorization", "Basic", "mysql", "mariadb",
     "-p", "-u", "--user", "--password", "--token", "sk-", "sk_live_", "ghp_", "xoxb-", "hf_",
     "AKIA", "eyJ", "AIza", "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----",
-    "https://", "://", "@", ":", "=", " = ", '"', "'", " ", "\t", "\n", "\x0b", "\x1c", ".", "_",
+    "PuTTY-User-Key-File-2:", "Private-MAC:", "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----",
+    "---- END SSH2 ENCRYPTED PRIVATE KEY ----",
+    "https://", "://", "@", ":", "=", " = ", '"', "'", '\\"', "\\", " ", "\t", "\n", "\x0b",
+    "\x1c", ".", "_",
     "-", ";", ",", "is", " is ", "was", "are", "/", "+", "abcdefghijklmnop", "ABCDEFGHIJKLMNOP",
     "0123456789", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "\u212a", "é",
     # Non-ASCII text is asked in a stand-in: its spaces, others and look-alikes of letters.
