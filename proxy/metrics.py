@@ -107,6 +107,12 @@ class Metrics:
             "failed.",
             ["reason"], registry=r,
         )
+        self.events_unread = Counter(
+            "ctxproxy_stream_events_unread",
+            "Upstream stream events larger than the usage reader holds: relayed whole, not read "
+            "(a response.completed among them leaves its request without usage).",
+            registry=r,
+        )
         self.tokens = Counter(
             "ctxproxy_upstream_tokens", "Input tokens reported by the upstream.", ["kind"],
             registry=r,
