@@ -56,6 +56,17 @@ class Settings(BaseSettings):
         description="Longest wait for the upstream's answer to begin, then between its bytes.",
     )
     max_body_mb: float = Field(32.0, gt=0, description="Largest request body accepted, in MiB.")
+    header_timeout_s: float = Field(
+        10.0, gt=0,
+        description="Longest a client may take to send a request's line and headers, from "
+        "its connection's opening or its next request's first byte; then the connection is "
+        "closed (with a 408 when nothing else is being answered on it). The body is not counted.",
+    )
+    max_connections: int = Field(
+        1024, ge=1,
+        description="Client connections a server process holds open at most (each worker "
+        "its own); one more is closed as soon as it is accepted, the open ones unharmed.",
+    )
     workers: int = Field(
         1,
         ge=1,

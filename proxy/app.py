@@ -531,6 +531,7 @@ async def relay(
     finally:
         if tap is not None:
             _record_usage(app, info, tap)
+            _count_unread(app, tap)
         if completed:
             upstream_response.release()
         else:
@@ -539,6 +540,12 @@ async def relay(
 
 def _is_sse(response: aiohttp.ClientResponse) -> bool:
     return response.content_type == "text/event-stream"
+
+
+def _count_unread(app: web.Application, tap: UsageTap) -> None:
+    if tap.skipped:
+        log.debug("stream events too large to read for usage: %d relayed unread", tap.skipped)
+        app[METRICS].events_unread.inc(tap.skipped)
 
 
 def _record_usage(app: web.Application, info: Access, tap: UsageTap) -> None:

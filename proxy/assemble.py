@@ -15,7 +15,8 @@ from aiohttp import web
 
 from config import Settings
 from proxy import explain, knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
-from proxy.app import SETTINGS, add_passthrough, create_app
+from proxy.app import METRICS, SETTINGS, add_passthrough, create_app
+from proxy.server import Limits
 from proxy.upstream import Upstream
 from request import Step
 from window.step import WindowStep
@@ -47,3 +48,11 @@ def build_app(
     explain.install(app)
     add_passthrough(app)  # last: local routes first
     return app
+
+
+def limits(app: web.Application) -> Limits:
+    """The limits the app's connections are served under (``server.Runner``)."""
+    settings, closed = app[SETTINGS], app[METRICS].connections_closed
+    return Limits(header_timeout_s=settings.header_timeout_s,
+                  max_connections=settings.max_connections,
+                  closed=lambda reason: closed.labels(reason).inc())

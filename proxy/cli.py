@@ -145,14 +145,13 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
     """Serve the app; a worker (``peers``) shares the port with the others (SO_REUSEPORT)
     and listens to them on its socket."""
     from proxy.app import METRICS, PEERS, sibling_app
-    from proxy.assemble import build_app
+    from proxy.assemble import build_app, limits
 
     app = build_app(settings)
     if peers is not None:
         app[PEERS] = peers
-    runner = Runner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=30.0, **SERVER_OPTIONS
-    )
+    runner = Runner(app, limits=limits(app), handler_cancellation=True, access_log=None,
+                    shutdown_timeout=30.0, **SERVER_OPTIONS)
     await runner.setup()
     # A worker's siblings ask for its metrics on its socket: an app of that one route, so
     # that the socket is no way around client keys.

@@ -107,6 +107,18 @@ class Metrics:
             "failed.",
             ["reason"], registry=r,
         )
+        self.connections_closed = Counter(
+            "ctxproxy_connections_closed",
+            "Client connections the server closed: its request's line and headers came too "
+            "slowly (header_timeout), or it was one over CTXPROXY_MAX_CONNECTIONS (over_limit).",
+            ["reason"], registry=r,
+        )
+        self.events_unread = Counter(
+            "ctxproxy_stream_events_unread",
+            "Upstream stream events larger than the usage reader holds: relayed whole, not read "
+            "(a response.completed among them leaves its request without usage).",
+            registry=r,
+        )
         self.tokens = Counter(
             "ctxproxy_upstream_tokens", "Input tokens reported by the upstream.", ["kind"],
             registry=r,

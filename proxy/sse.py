@@ -5,29 +5,43 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import re2
 
 from proxy.bodies import StreamDecoder
 
+__all__ = ["MAX_EVENT", "UsageTap", "parse_events"]
+
 _COMPLETED = b"response.completed"
-_MAX_TAIL = 8 * 1024 * 1024
+# An event ends at a blank line: "\n\n", or "\r\n\r\n", whose tail is "\n\r\n". One
+# pattern finds the nearer of the two in one pass (two finds would each scan to the end).
+_END = re2.compile(rb"\n\r?\n")
+_ENDS = (b"\n\n", b"\n\r\n")
+_OVERLAP = 2  # an end split over two chunks: the bytes of it the earlier chunk may hold
+# The most of one event held while its end is awaited: a larger event is relayed all the
+# same, only not read.
+MAX_EVENT = 8 * 1024 * 1024
 
 
 class UsageTap:
     """Finds ``usage`` and the output items in the ``response.completed`` event of a
     Responses stream.
 
-    Fed every relayed chunk; it only starts keeping bytes once the completed event appears,
-    so it costs a substring search per chunk and never delays the relay.
+    Fed every relayed chunk, it holds only the current event, and reads one only if it
+    names ``response.completed``: each byte is searched a bounded number of times, however
+    the events are chunked, and nothing delays the relay. An event over ``MAX_EVENT`` is
+    dropped up to the next event's start (``skipped`` counts them).
     """
 
     def __init__(self, content_encoding: str | None = None) -> None:
-        self._tail = bytearray()
-        self._seen = False
-        self._pending = b""  # the current, unfinished event
+        self._event = bytearray()  # the current event, from its start
+        self._named = False  # the current event holds _COMPLETED
+        self._skipping = False
+        self.skipped = 0
         # A compressed stream is decoded for reading only; the relayed bytes stay as sent.
         self._decoder = StreamDecoder(content_encoding) if content_encoding else None
-        self._response_read = False
+        self._found: bytes | None = None  # the completed event, once read
         self._completed: dict[str, Any] | None = None
+        self._response_read = False
 
     def feed(self, chunk: bytes) -> None:
         """Watch one relayed chunk, as the upstream sent it (decoded here if compressed)."""
@@ -38,38 +52,76 @@ class UsageTap:
             self._scan(piece)
 
     def _scan(self, chunk: bytes) -> None:
-        if self._seen:
-            if len(self._tail) < _MAX_TAIL:
-                self._tail += chunk
+        if self._found is not None:
             return
-        buf = self._pending + chunk
-        at = buf.find(_COMPLETED)
-        if at >= 0:
-            self._seen = True
-            start = buf.rfind(b"\n\n", 0, at)
-            self._tail += buf[start + 2 if start >= 0 else 0 :]
+        event = self._event
+        new = len(event)
+        event += chunk
+        if self._skipping:
+            self._skip(new)
+            new = 0
+        if not self._skipping:
+            self._split(new)
+        if len(event) > MAX_EVENT:
+            self._skipping = True
+            self._named = False
+            self.skipped += 1
+            del event[:-_OVERLAP]
+
+    def _skip(self, new: int) -> None:
+        """Drop the oversized event up to its end (the bytes from ``new`` on are unseen)."""
+        end = _first_end(self._event, max(0, new - _OVERLAP))
+        if end < 0:
+            del self._event[:-_OVERLAP]
             return
-        end = buf.rfind(b"\n\n")
-        self._pending = buf[end + 2 :] if end >= 0 else buf
+        self._skipping = False
+        del self._event[:end]
+
+    def _split(self, new: int) -> None:
+        """Read the events the bytes from ``new`` on complete; keep the unfinished one."""
+        event = self._event
+        start = 0  # where the current event starts in ``event``
+        while self._found is None:
+            if not self._named:
+                at = event.find(_COMPLETED, max(start, new - len(_COMPLETED) + 1))
+                if at < 0:
+                    start = max(start, _last_end(event, max(start, new - _OVERLAP), len(event)))
+                    break
+                start = max(start, _last_end(event, start, at))
+                self._named = True
+                new = at
+            end = _first_end(event, max(start, new - _OVERLAP))
+            if end < 0:
+                break
+            self._named = False
+            self._read(bytes(event[start:end]))
+            start = new = end
+        del event[:start]
+
+    def _read(self, event: bytes) -> None:
+        """Keep ``event`` if it is the completed one (a delta may merely quote the name)."""
+        for parsed in parse_events(event):
+            data = parsed.get("data")
+            if isinstance(data, dict) and data.get("type") == "response.completed":
+                response = data.get("response")
+                self._completed = response if isinstance(response, dict) else None
+                self._found = event
+                self._event.clear()
+                return
 
     def _response(self) -> dict[str, Any] | None:
-        """The ``response`` of the ``response.completed`` event (parsed once), or None."""
-        if self._response_read:
-            return self._completed
-        self._response_read = True
-        for event in parse_events(bytes(self._tail)):
-            data = event.get("data")
-            if not isinstance(data, dict) or data.get("type") != "response.completed":
-                continue
-            response = data.get("response")
-            self._completed = response if isinstance(response, dict) else None
-            break
+        """The ``response`` of the ``response.completed`` event, or None."""
+        if not self._response_read:
+            self._response_read = True
+            # A stream may end without the blank line after its last event.
+            if self._found is None and self._named and not self._skipping:
+                self._read(bytes(self._event))
         return self._completed
 
     @property
     def size(self) -> int:
-        """Bytes kept of the stream's tail (the completed event, mostly)."""
-        return len(self._tail)
+        """Bytes kept of the stream: the completed event's."""
+        return len(self._found or b"")
 
     def output(self) -> list[dict[str, Any]] | None:
         """The completed response's output items (what the client was answered), or None."""
@@ -96,10 +148,20 @@ class UsageTap:
         return None
 
 
+def _first_end(data: bytearray, start: int) -> int:
+    """Where the first event ending at or after ``start`` ends (past its blank line), or -1."""
+    found = _END.search(data, start)
+    return -1 if found is None else int(found.end())
+
+
+def _last_end(data: bytearray, start: int, stop: int) -> int:
+    """Where the last event ending within ``start:stop`` ends (past its blank line), or -1."""
+    ends = [at + len(end) for end in _ENDS if (at := data.rfind(end, start, stop)) >= 0]
+    return max(ends, default=-1)
+
+
 def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
-
-
 def parse_events(data: bytes) -> list[dict[str, Any]]:
     """Split an SSE byte stream into events ({'event': name, 'data': parsed JSON or str})."""
     events = []

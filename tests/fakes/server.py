@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from proxy.app import SETTINGS
+from proxy.assemble import limits
 from proxy.bodies import SERVER_OPTIONS
 from proxy.server import Runner
 
@@ -30,8 +32,10 @@ class Running:
 
 async def serve(app: web.Application, port: int | None = None) -> Running:
     # SERVER_OPTIONS as ctxproxy serve uses them; the fake upstream so records bodies as sent.
-    runner = Runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2,
-                           **SERVER_OPTIONS)
+    # The proxy within its settings' limits, as served; the fakes without.
+    runner = Runner(app, limits=limits(app) if SETTINGS in app else None,
+                    handler_cancellation=True, access_log=None, shutdown_timeout=2,
+                    **SERVER_OPTIONS)
     await runner.setup()
     port = port or free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)

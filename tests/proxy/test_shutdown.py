@@ -54,6 +54,15 @@ class Server:
 
 @pytest.fixture
 async def server(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Server]:
+    async with serving(upstream, tmp_path) as srv:
+        yield srv
+
+
+@contextlib.asynccontextmanager
+async def serving(upstream: FakeUpstream, tmp_path: Path, **settings: str
+                  ) -> AsyncIterator[Server]:
+    """``python -m proxy serve`` in front of ``upstream``, with ``settings`` in its
+    environment besides its address, upstream and data directory."""
     port = free_port()
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -63,6 +72,7 @@ async def server(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Server
         "CTXPROXY_UPSTREAM_URL": upstream.url + "/v1",  # type: ignore[attr-defined]
         "CTXPROXY_DATA_DIR": str(tmp_path / "data"),
         "CTXPROXY_LOG_FORMAT": "json",
+        **settings,
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "serve", cwd=ROOT, env=env,
