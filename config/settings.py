@@ -62,6 +62,11 @@ class Settings(BaseSettings):
         "its connection's opening or its next request's first byte; then the connection is "
         "closed (with a 408 when nothing else is being answered on it). The body is not counted.",
     )
+    keepalive_s: float = Field(
+        75.0, gt=0,
+        description="Longest a kept-alive client connection may sit idle between requests "
+        "before it is closed (it would otherwise hold one of MAX_CONNECTIONS).",
+    )
     max_connections: int = Field(
         1024, ge=1,
         description="Client connections a server process holds open at most (each worker "

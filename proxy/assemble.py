@@ -53,6 +53,6 @@ def build_app(
 def limits(app: web.Application) -> Limits:
     """The limits the app's connections are served under (``server.Runner``)."""
     settings, closed = app[SETTINGS], app[METRICS].connections_closed
-    return Limits(header_timeout_s=settings.header_timeout_s,
+    return Limits(header_timeout_s=settings.header_timeout_s, keepalive_s=settings.keepalive_s,
                   max_connections=settings.max_connections,
                   closed=lambda reason: closed.labels(reason).inc())

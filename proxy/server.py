@@ -50,6 +50,7 @@ class Limits:
     told why a connection was closed by them (``header_timeout``, ``over_limit``)."""
 
     header_timeout_s: float | None = None
+    keepalive_s: float | None = None  # aiohttp's own default (an hour) when None
     max_connections: int | None = None
     closed: Callable[[str], object] | None = None
 
@@ -156,8 +157,11 @@ class Runner(web.AppRunner):
 
     def __init__(self, app: web.Application, *, limits: Limits | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
         self._limits = limits or Limits()
+        if self._limits.keepalive_s is not None:
+            # An idle kept-alive connection holds a place under max_connections.
+            kwargs["keepalive_timeout"] = self._limits.keepalive_s
+        super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()

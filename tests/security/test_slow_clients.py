@@ -114,11 +114,13 @@ async def proxy(start_proxy: ProxyFactory) -> Running:
 
 def test_the_limits_are_settings_read_from_the_environment() -> None:
     defaults = load_settings(env={})
-    assert (defaults.header_timeout_s, defaults.max_connections) == (10.0, 1024)
-    given = load_settings(env={"CTXPROXY_HEADER_TIMEOUT_S": "2.5",
+    assert (defaults.header_timeout_s, defaults.keepalive_s, defaults.max_connections) == (
+        10.0, 75.0, 1024)
+    given = load_settings(env={"CTXPROXY_HEADER_TIMEOUT_S": "2.5", "CTXPROXY_KEEPALIVE_S": "4",
                                "CTXPROXY_MAX_CONNECTIONS": "7"})
-    assert (given.header_timeout_s, given.max_connections) == (2.5, 7)
+    assert (given.header_timeout_s, given.keepalive_s, given.max_connections) == (2.5, 4, 7)
     for name, value in [("CTXPROXY_HEADER_TIMEOUT_S", "0"), ("CTXPROXY_MAX_CONNECTIONS", "0"),
+                        ("CTXPROXY_KEEPALIVE_S", "0"),
                         ("CTXPROXY_MAX_CONNECTIONS", "many")]:
         with pytest.raises(SettingsError, match=name):
             load_settings(env={name: value})
@@ -168,6 +170,17 @@ async def test_a_body_coming_at_a_normal_pace_is_not_timed_the_next_requests_hea
     assert upstream.last.json["input"][-1] == sent["input"][-1]  # the prompt, whole
     assert closed(proxy, "header_timeout") is None
     assert timed_out(await trickle(conn))
+
+
+async def test_an_idle_kept_alive_connection_is_closed_and_frees_its_place(
+    start_proxy: ProxyFactory,
+) -> None:
+    proxy = await start_proxy(keepalive_s=TIMEOUT_S, max_connections=1)
+    reader, writer = conn = await connect(proxy.url)
+    assert (await ask(conn))[0] == 200
+    assert await asyncio.wait_for(reader.read(), GUARD_S) == b""  # closed by the server
+    writer.close()
+    assert await answered(proxy.url)  # the one place is free again
 
 
 async def test_connections_over_the_cap_are_closed_and_the_open_ones_kept(
