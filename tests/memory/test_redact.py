@@ -45,6 +45,9 @@ from injectors.redact import MARK, redact, redact_all
         ("DB_PASS=hunter2", "hunter2"),
         ("AccountName=acct;AccountKey=abc+def/ghi==;EndpointSuffix=x", "abc+def/ghi=="),
         ("the pw is Tr0ub4dor", "Tr0ub4dor"),
+        # A capability token (knowledge.capability) in a <knowledge_tools> curl line.
+        ("-H 'x-ctxproxy-capability: cap1.WyJzdmMiLCJ0ZWFtLTEiLCJjb2RlciIsIiIsImNtLTEiLDFd"
+         ".sRObe0J9i8KHw65YdMvnWQ' -d", "WyJzdmMiLCJ0ZWFtLTEiLCJjb2RlciIsIiIsImNtLTEiLDFd"),
     ],
 )
 def test_secret_is_replaced_by_the_mark(text: str, secret: str) -> None:
