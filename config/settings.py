@@ -19,6 +19,8 @@ STORE_SCHEMES = ("postgresql://", "postgres://")
 SERVICE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
 _NUMBER = r"\d+(?:\.\d+)?"
 _PRICE = re.compile(rf"^[^=,\s][^=,]*={_NUMBER}/{_NUMBER}(?:/{_NUMBER})?$")
+# One CTXPROXY_PASSTHROUGH entry: a method (or *), then a path whose only * ends it.
+_ROUTE = re.compile(r"^(?:\*|[A-Za-z]+)[ \t]+/[^\s*]*\*?$")
 
 
 def _default_data_dir() -> Path:
@@ -91,6 +93,15 @@ class Settings(BaseSettings):
         "claims 403; the key's principal is part of every memory scope, and the dashboard and "
         "explain show a key only its principal's data (admin: everyone's). The upstream gets "
         "UPSTREAM_API_KEY, never the client's.",
+    )
+    passthrough: str | None = Field(
+        None,
+        description="Under CLIENT_KEYS, the other routes forwarded to the upstream (with "
+        "UPSTREAM_API_KEY, which every key shares), beside POST /v1/responses, GET /v1/models "
+        "and GET /v1/models/*: 'METHOD /path' entries separated by ',' (METHOD * is any "
+        "method; a path ending in * covers every path it starts; /v1 is optional), e.g. "
+        "'GET /v1/files, POST /v1/responses/compact'; '* /*' forwards everything. Other "
+        "routes get a 403 and nothing is sent. Without CLIENT_KEYS every route is forwarded.",
     )
 
     # --- the history window --------------------------------------------------------------
@@ -349,6 +360,15 @@ class Settings(BaseSettings):
         for entry in (e.strip() for e in (value or "").split(",")):
             if entry and not _PRICE.match(entry):
                 raise ValueError(f"{entry!r} is not model=input/cached[/cache-write]")
+        return value or None
+
+    @field_validator("passthrough")
+    @classmethod
+    def _routes_format(cls, value: str | None) -> str | None:
+        for entry in (e.strip() for e in (value or "").split(",")):
+            if entry and not _ROUTE.match(entry):
+                raise ValueError(f"{entry!r} is not 'METHOD /path' (METHOD or * ; a trailing * "
+                                 "in the path for a prefix)")
         return value or None
 
     @field_validator("client_keys")

@@ -66,6 +66,7 @@ _KEYS = re.compile(
     | \b(?:AKIA|ASIA)[0-9A-Z]{16}\b                     # AWS access key ids
     | \bAIza[0-9A-Za-z_-]{35}                           # Google API keys
     | (?<![\w-])eyJ[\w-]{8,}+\.eyJ[\w-]{8,}+\.[\w-]{8,}  # JWTs
+    | (?<![\w.-])cap1\.[\w-]{8,}+\.[\w-]{16,}          # our capabilities (knowledge.capability)
     """,
     re.VERBOSE | re.ASCII,
 )
@@ -194,7 +195,7 @@ _LOOSER: dict[re.Pattern[str], str] = {
     _SAID: rf"(?i)(?:password|passwd|passphrase|passcode|secret|token|api[ _-]?key"
            rf"|access[ _-]?key|pw|pwd)s?{_WS}+(?:is|was|are){_WS}",
     _KEYS: r"sk-|[rs]k_(?:live|test)_|gh[pousr]_|github_pat_|glpat-|xox[abposr]-|hf_|npm_"
-           r"|AKIA|ASIA|AIza|eyJ",
+           r"|AKIA|ASIA|AIza|eyJ|cap1\.",
     # The rule's lookarounds, as characters or an end: a run of exactly 40.
     _AWS_SECRET: r"(?:^|[^A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?:[^A-Za-z0-9/+=]|$)",
 }

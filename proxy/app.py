@@ -24,6 +24,7 @@ from proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import check_utf8, request_headers, response_headers
 from proxy.metrics import Metrics, combine, sample_loop_lag
+from proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
 from proxy.upstream import Idle, Upstream
@@ -225,6 +226,7 @@ async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def add_passthrough(app: web.Application) -> None:
     """The catch-all route; added last, after any local routes the other sides mount."""
+    app[ROUTES] = Routes.from_settings(app[SETTINGS])
     app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
 
 
@@ -439,7 +441,8 @@ def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesReque
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Every other method and path, forwarded unchanged under UPSTREAM_URL."""
+    """Every other method and path, forwarded unchanged under UPSTREAM_URL (under client
+    keys, only the routes ``proxy.passthrough`` allows)."""
     if request.headers.get("upgrade"):
         # Codex tries a WebSocket first when configured to; 426 makes it fall back to HTTP.
         return error_response(
@@ -450,9 +453,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         )
     # The target as the client sent it (still percent-encoded), so that nothing is decoded
     # and re-encoded differently on the way; Upstream.url refuses dot segments.
-    path = targets.origin_path(request.raw_path)
-    if path == "/v1" or path.startswith("/v1/"):
-        path = path[3:]
+    path = upstream_path(targets.origin_path(request.raw_path))
+    if not request.app[ROUTES].allows(request.method, path):
+        return refusal()  # before the body is read: nothing of it goes anywhere
     body = await read_body(request) if request.body_exists else None
     return await relay(request, path, body)
 

@@ -28,6 +28,7 @@ from injectors import tokens
 from injectors.redact import redact
 from ledger.counterfactual import PartCounter
 from proxy.app import FINISHED, SENT, SETTINGS, Access
+from proxy.auth import ADMIN, PRINCIPAL
 from proxy.errors import error_response
 from request import History, message_text, output_text
 
@@ -50,6 +51,7 @@ class Seen:
     forwarded: bytes
     status: int
     notes: dict[str, Any]
+    principal: str | None = None  # the client key's (None: no client keys)
 
 
 class Recent:
@@ -69,9 +71,12 @@ class Recent:
                                        or self.bytes > self._max_bytes):
             self.bytes -= _bytes(self._ring.popleft())
 
-    def last(self, session: str | None = None) -> Seen | None:
+    def last(self, session: str | None = None, *, principal: str | None = None) -> Seen | None:
+        """The newest request of ``session`` (None: any) sent with ``principal``'s key (None:
+        anyone's)."""
         for seen in reversed(self._ring):
-            if session is None or seen.session == session:
+            if (session is None or seen.session == session) and (
+                    principal is None or seen.principal == principal):
                 return seen
         return None
 
@@ -98,7 +103,7 @@ def _keep(recent: Recent) -> Any:
         if sent is not None:
             notes = info.fields()
             recent.add(Seen(sent.at, info.session_id or "", sent.raw, sent.forwarded, status,
-                            notes))
+                            notes, request.get(PRINCIPAL)))
 
     return keep
 
@@ -108,7 +113,10 @@ async def last_route(request: web.Request) -> web.Response:
     if request.remote not in LOOPBACK:
         return error_response(403, "explain is answered on the proxy's own machine only",
                               "invalid_request_error", "forbidden")
-    seen = request.app[RECENT].last(request.query.get("session"))
+    # A client key sees its own requests only (another's body would carry its capabilities
+    # and prompts); an operator's key, or the one-user sidecar without keys, sees them all.
+    principal = None if request.get(ADMIN) else request.get(PRINCIPAL)
+    seen = request.app[RECENT].last(request.query.get("session"), principal=principal)
     if seen is None:
         return error_response(404, "no request seen yet (for that session) by this process",
                               "invalid_request_error", "not_found")
@@ -138,7 +146,7 @@ def _describe(item: dict[str, Any]) -> str:
     role = item.get("role")
     text = message_text(item) if kind == "message" else output_text(item)
     label = f"{kind}/{role}" if role else str(kind)
-    head = " ".join(text.split())[:70]
+    head = " ".join(redact(text).split())[:70]
     return f"{label}: {head}" if head else label
 
 

@@ -36,7 +36,9 @@ def register(commands: Any) -> None:
     )
     p.add_argument("file", nargs="?", help="a /v1/responses request body (JSON)")
     p.add_argument("--last", action="store_true",
-                   help="the last request the running proxy served (kept in memory)")
+                   help="the last request the running proxy served (kept in memory); under "
+                   "client keys, asked with the first admin key, else the first key (which "
+                   "sees only its own principal's requests)")
     p.add_argument("--session", help="with --last: that session's last request")
     p.add_argument("--url", help="the running proxy (default: http://HOST:PORT)")
     p.add_argument("--body", action="store_true",
@@ -90,7 +92,9 @@ def _last(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     headers = {}
     keys = load_client_keys(settings.client_keys)
     if keys:
-        headers["Authorization"] = "Bearer " + keys[0].key.decode()
+        # An operator's key sees every principal's requests; any other only its own.
+        key = next((k for k in keys if k.admin), keys[0])
+        headers["Authorization"] = "Bearer " + key.key.decode()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request line is noise here
     response = httpx.get(url + "/ctxproxy/explain/last", params=params, headers=headers,
                          timeout=30)

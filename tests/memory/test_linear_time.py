@@ -66,6 +66,7 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "secret names glued": lambda n: _repeat("passwordtoken_", n),
     "unclosed quotes": lambda n: _repeat('token="a', n),
     "jwt heads": lambda n: _repeat("eyJaaaaaaaa-", n),
+    "capability heads": lambda n: _repeat("cap1.aaaaaaaa", n),
     "url schemes": lambda n: _repeat("a://a:a", n),
     "key headers": lambda n: "-----BEGIN " + _repeat("PRIVATE KEY ", n),
     "mysql args": lambda n: _repeat("mysql a ", n),

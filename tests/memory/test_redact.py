@@ -48,6 +48,9 @@ from injectors.redact import MARK, redact, redact_all
         # In a JSON string, as memory stores a tool call's arguments (issue 43).
         ('{"cmd": "export DB_PASSWORD=\\"hunter2\\" && psql"}', "hunter2"),
         ('{"cmd": "echo {\\"client_secret\\": \\"s3cr3t\\\\Value\\"}"}', "s3cr3t"),
+        # A capability token (knowledge.capability) in a <knowledge_tools> curl line.
+        ("-H 'x-ctxproxy-capability: cap1.WyJzdmMiLCJ0ZWFtLTEiLCJjb2RlciIsIiIsImNtLTEiLDFd"
+         ".sRObe0J9i8KHw65YdMvnWQ' -d", "WyJzdmMiLCJ0ZWFtLTEiLCJjb2RlciIsIiIsImNtLTEiLDFd"),
     ],
 )
 def test_secret_is_replaced_by_the_mark(text: str, secret: str) -> None:
