@@ -108,6 +108,8 @@ def own_shapes() -> Iterator[Shape]:
     for flag in ("--token", "--password", "-secret", "--client-secret", "--api-key"):
         yield shape(f"flag {flag}", run(ALNUM, 16), f"deploy {flag} {{}} --host db")
     yield shape("curl -u", run(ALNUM, 14), "curl -u deploy:{} https://ci.internal/api")
+    yield shape("capability", f"cap1.{run(ALNUM, 40)}.{run(ALNUM, 22)}",
+                "curl -H 'x-ctxproxy-capability: {}' http://127.0.0.1:8787/v3/tools/call")
     yield shape("mysql -p", run(ALNUM, 14), "mysql -u root -p{} shop")
     yield shape("Slack xoxb-", "xoxb-" + run(string.digits, 12) + "-" + run(LOWER, 24),
                 "slack {}")
