@@ -211,8 +211,8 @@ class Settings(BaseSettings):
     memory_timeout_ms: int = Field(
         1000, gt=0,
         description="The most a request waits for memory before going without it (and uncut); "
-        "its answer waits for the turn's working-memory write until this much after the turn "
-        "began.",
+        "its answer, once the upstream accepted it, waits at most this long for the turn's "
+        "working-memory write.",
     )
     memory_process: bool = Field(
         True,

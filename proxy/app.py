@@ -44,9 +44,9 @@ PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKE
 # they took, for the request whose exchange had these Notes (the memory side stores the turn).
 AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
 ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
-# Awaited before the answer to the request whose exchange had these Notes is relayed (the
-# memory side's writes that went on while it was forwarded).
-BeforeAnswer = Callable[[Notes], Awaitable[None]]
+# Awaited with the upstream's status before the answer to the request whose exchange had these
+# Notes is relayed (the memory side keeps what the request brought only on a success).
+BeforeAnswer = Callable[[Notes, int], Awaitable[None]]
 BEFORE_ANSWER: web.AppKey[BeforeAnswer] = web.AppKey("before_answer")
 # Told that the request whose exchange had these Notes is over, answered or not.
 ENDED: web.AppKey[Callable[[Notes], object]] = web.AppKey("ended")
@@ -479,7 +479,7 @@ async def relay(
     before = app.get(BEFORE_ANSWER)
     if before is not None and info.notes is not None:
         try:
-            await before(info.notes)
+            await before(info.notes, upstream_response.status)
         except BaseException:
             upstream_response.close()
             raise
