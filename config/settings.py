@@ -77,6 +77,20 @@ class Settings(BaseSettings):
         "UPSTREAM_API_KEY, never the client's.",
     )
 
+    allowed_hosts: str | None = Field(
+        None,
+        description="Names (comma-separated, without a port) a request's Host may give beside "
+        "localhost, the loopback addresses, HOST and PUBLIC_URL's host; * allows any (behind a "
+        "load balancer). Another Host gets 421. Bound to 0.0.0.0 or :: with CLIENT_KEYS set, "
+        "any Host is accepted (every caller needs a key).",
+    )
+    allowed_origins: str | None = Field(
+        None,
+        description="Web origins (comma-separated, scheme://host[:port]) whose pages may call "
+        "the proxy beside its own (the dashboard). A request with another Origin header gets "
+        "403 (/healthz and /readyz aside).",
+    )
+
     # --- the history window --------------------------------------------------------------
     window_policy: Literal["cost", "fixed"] = Field(
         "cost",

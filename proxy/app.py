@@ -24,6 +24,7 @@ from proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import check_utf8, request_headers, response_headers
 from proxy.metrics import Metrics, combine, sample_loop_lag
+from proxy.origin import gate
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
 from proxy.upstream import Idle, Upstream
@@ -131,8 +132,9 @@ def create_app(
     before it starts; ``steps`` is called once at start-up, after every context is open.
     ``upstream`` replaces the client to the real API (tests give it their own connector).
     """
-    middlewares: list[Any] = [access_middleware]  # outermost first
     client_keys = load_client_keys(settings.client_keys)
+    # outermost first: a request from a web page is refused before any credential is read
+    middlewares: list[Any] = [access_middleware, gate(settings, client_keys=bool(client_keys))]
     if client_keys:
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
