@@ -104,6 +104,20 @@ class Settings(BaseSettings):
         "routes get a 403 and nothing is sent. Without CLIENT_KEYS every route is forwarded.",
     )
 
+    allowed_hosts: str | None = Field(
+        None,
+        description="Names (comma-separated, without a port) a request's Host may give beside "
+        "localhost, the loopback addresses, HOST and PUBLIC_URL's host; * allows any (behind a "
+        "load balancer). Another Host gets 421. Bound to 0.0.0.0 or :: with CLIENT_KEYS set, "
+        "any Host is accepted (every caller needs a key).",
+    )
+    allowed_origins: str | None = Field(
+        None,
+        description="Web origins (comma-separated, scheme://host[:port]) whose pages may call "
+        "the proxy beside its own (the dashboard). A request with another Origin header gets "
+        "403 (/healthz and /readyz aside).",
+    )
+
     # --- the history window --------------------------------------------------------------
     window_policy: Literal["cost", "fixed"] = Field(
         "cost",
@@ -238,8 +252,8 @@ class Settings(BaseSettings):
     memory_timeout_ms: int = Field(
         1000, gt=0,
         description="The most a request waits for memory before going without it (and uncut); "
-        "its answer waits for the turn's working-memory write until this much after the turn "
-        "began.",
+        "its answer, once the upstream accepted it, waits at most this long for the turn's "
+        "working-memory write.",
     )
     memory_process: bool = Field(
         True,

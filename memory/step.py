@@ -1,7 +1,10 @@
 """The memory pipeline step: remember the session, recall once per user turn, inject blocks.
 
-Per user turn (the first request of it): split the history into turns, write working memory
-(while the request goes out; its answer is relayed once written), queue the episodes, recall.
+Per user turn (the first request of it): split the history into turns, derive working memory,
+recall. What the turn's requests brought is kept (working memory, episodes) only once one of
+them is answered with a success: a request the upstream refuses (a key it does not know, a
+rate limit, its failure) or that never reaches it leaves memory as it was. Working memory is
+then written before that answer is relayed.
 The result is cached for the turn, so every request of its tool loop gets the same bytes and
 costs a dictionary lookup. Any store failure, or memory not ready within the budget, leaves
 the request without this turn's memory: it gets the blocks the session's last request showed
@@ -43,6 +46,7 @@ from memory import turns as turns_
 from memory.cpu import Offload, placed, sized, small_history
 from memory.health import Health
 from memory.ingest import Ingester
+from memory.keep import Keep
 from memory.model import Memory, Scope, StoreError
 from memory.queue import WriteQueue
 from memory.recall import Candidate, Found, Recaller, Standing, standing_of
@@ -84,25 +88,24 @@ class Prepared:
     degraded: bool = False
     message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
     mode: str | None = None  # how recall searched (memory.recall.Mode)
-    # A known session's working-memory write, still going as the request is forwarded: its
-    # answer waits for it (``before_answer``), at most until this (time.monotonic()).
-    writing: asyncio.Future[list[Memory]] | None = field(default=None, compare=False)
-    deadline: float = 0.0
+    # The turn's writes, begun once one of its requests is answered with a success.
+    keep: Keep | None = field(default=None, compare=False)
 
 
 class _Turn:
     """A user turn's preparation (its task), and the requests waiting for it: each woken
     from the task's last step, a turn of the event loop sooner than through the task's own
     callbacks (asyncio.wait), and a turn of a busy loop takes every other ready callback's
-    time."""
+    time. ``answered``: one of its requests was answered with a success (its writes begin)."""
 
-    __slots__ = ("_waiting", "task")
+    __slots__ = ("_waiting", "answered", "task")
 
     def __init__(
         self, work: Coroutine[Any, Any, Prepared], reads: tuple[asyncio.Future[Any] | None, ...]
     ) -> None:
         """``work`` in a task; ``reads``: the ones it started with, which it drops as it ends."""
         self._waiting: list[asyncio.Future[None]] = []
+        self.answered = False
         self.task = asyncio.create_task(self._run(work))
         self.task.add_done_callback(lambda _: self._ended(work, reads))
 
@@ -161,7 +164,6 @@ class _Begun(NamedTuple):
     newest: Shown | None  # the turn's recall, when an earlier request made it
     found: asyncio.Future[Found] | None
     pinned: Pinned | None
-    new_session: bool
     reading: asyncio.Future[Standing] | None
 
 
@@ -188,6 +190,16 @@ class Pinned:
     message: dict[str, Any] | None
     chosen: tuple[Memory, ...]
     used: int
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A request forwarded with its turn's memory: its answer's status decides whether the
+    turn keeps what it brought (see MemoryStep.before_answer)."""
+
+    notes: Notes
+    turn: _Turn
+    key: tuple[object, ...]  # the turn's, in MemoryStep._turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,10 +294,9 @@ class MemoryStep:
         ] = LRUCache(STANDING_CACHED)
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
         self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(STANDING_CACHED)
-        # Requests forwarded before their turn's working memory was written (by their Notes'
-        # id, as _awaiting), and the writes themselves until they end.
-        self._holding: LRUCache[int, tuple[Notes, asyncio.Future[list[Memory]], float]] = (
-            LRUCache(AWAITING))
+        # Requests forwarded whose answer's status is not known yet (by their Notes' id, as
+        # _awaiting), and the working-memory writes until they end.
+        self._holding: LRUCache[int, Held] = LRUCache(AWAITING)
         self._writes: set[asyncio.Future[list[Memory]]] = set()
 
     async def __call__(self, ex: Exchange) -> None:
@@ -308,6 +319,7 @@ class MemoryStep:
             # context of their own where the lanes see the turn's marks.
             turn = contextvars.copy_context().run(self._begin, scope, session, ex)
             self._turns[key] = turn
+        self._holding[id(ex.notes)] = Held(ex.notes, turn, key)
         task = turn.task
         # A slow store (a database going down, a lock held) costs this request at most the
         # budget; the turn's work goes on and later requests of the turn get its result.
@@ -327,8 +339,6 @@ class MemoryStep:
         if prepared.degraded:
             self._without_memory(ex, scope, session)
             return
-        if prepared.writing is not None and not prepared.writing.done():
-            self._holding[id(ex.notes)] = (ex.notes, prepared.writing, prepared.deadline)
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
             ex.notes.recall_mode = prepared.mode
@@ -373,11 +383,13 @@ class MemoryStep:
 
     def ended(self, notes: Notes) -> None:
         """The request whose exchange has ``notes`` is over (answered, refused by the
-        upstream, broken, or its client gone): nothing of it is kept for its answer."""
+        upstream, broken, or its client gone): nothing of it is kept for its answer, and a
+        request that never had a status (the upstream unreachable, its client gone) keeps
+        nothing of what it brought."""
         self._unawait(notes)
-        held = self._holding.get(id(notes))
-        if held is not None and held[0] is notes:
-            del self._holding[id(notes)]
+        held = self._unhold(notes)
+        if held is not None:
+            self._refused(held)
 
     @property
     def awaiting(self) -> tuple[int, int]:
@@ -402,21 +414,61 @@ class MemoryStep:
         self._awaiting_bytes -= waiting.size
         return waiting
 
-    async def before_answer(self, notes: Notes) -> None:
-        """Wait until the working memory of the turn whose request had ``notes`` is written
-        (what the relay does before it relays the answer), within the turn's budget. The
-        request went out while it was written: the answer, which the session's next request
-        (in any replica, after a compaction too) comes after, still follows it."""
-        held = self._holding.pop(id(notes), None)
-        if held is None or held[0] is not notes:
+    async def before_answer(self, notes: Notes, status: int) -> None:
+        """The upstream answered the request whose exchange had ``notes`` with ``status``
+        (what the relay tells before it relays the answer). A success: its turn keeps what
+        it brought, and the answer waits for the working-memory write, within the budget, so
+        the session's next request (in any replica, after a compaction too) follows it.
+        Else nothing of the request is kept: a refused request (a browser's, with a history
+        of its own making, say) never writes memory."""
+        held = self._unhold(notes)
+        if held is None:
             return
-        _, writing, deadline = held
-        left = deadline - time.monotonic()
-        if left > 0 and not writing.done():
+        if not 200 <= status < 300:
+            self._unawait(notes)
+            self._refused(held)
+            return
+        writing = self._answered(held.turn)
+        if writing is not None and not writing.done():
             # Past the budget the answer goes on without it; a failed write is counted (or
             # logged, _written) where it failed. (asyncio.wait: the write's end reaches the
             # answer a turn of the loop sooner than through wait_for(shield(...)).)
-            await asyncio.wait((writing,), timeout=left)
+            await asyncio.wait((writing,), timeout=self._budget_s)
+
+    def _unhold(self, notes: Notes) -> Held | None:
+        held = self._holding.get(id(notes))
+        if held is None or held.notes is not notes:
+            return None
+        del self._holding[id(notes)]
+        return held
+
+    def _refused(self, held: Held) -> None:
+        """A request of ``held``'s turn ended without a success. Unless another request of
+        the turn had one, the turn is prepared again next time: its writes are let go with
+        it (a retry of the turn brings them again)."""
+        if not held.turn.answered and self._turns.get(held.key) is held.turn:
+            del self._turns[held.key]
+
+    def _answered(self, turn: _Turn) -> asyncio.Future[list[Memory]] | None:
+        """A request of ``turn`` was answered with a success: the turn's writes begin, now or
+        as its preparation ends. The working-memory write, once begun."""
+        if not turn.answered:
+            turn.answered = True
+            if not turn.task.done():
+                turn.task.add_done_callback(lambda _: self._begin_writes(turn))
+                return None
+        return self._begin_writes(turn)
+
+    def _begin_writes(self, turn: _Turn) -> asyncio.Future[list[Memory]] | None:
+        task = turn.task
+        if not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        keep = task.result().keep
+        if keep is None:
+            return None
+        if not keep.begun and (writing := keep.begin()) is not None:
+            self._keep(writing)
+        return keep.writing
 
     async def close(self) -> None:
         """Cancel turns still being prepared and let the working-memory writes under way end
@@ -463,22 +515,18 @@ class MemoryStep:
                                            now))
         # Until the window cuts, the forwarded history starts with the pinned block: what it
         # shows is the standing selection, and nothing needs reading. Else the reads go out
-        # now too (the window only filters what they bring), but for a session new to this
-        # process after its working memory is derived.
+        # now too (the window only filters what they bring).
         pinned = self._pin(scope, session, forwarded[0][1] if forwarded else None)
-        new_session = bool(own) and not self._working.knows(scope, session)
-        reading = (self._recaller.read_standing(scope, own, now)
-                   if pinned is None and not new_session else None)
+        reading = self._recaller.read_standing(scope, own, now) if pinned is None else None
         return _Turn(self._prepare(scope, session, ex, _Begun(
-            began, now, own, forwarded, newest, found, pinned, new_session, reading)),
+            began, now, own, forwarded, newest, found, pinned, reading)),
             (found, reading))
 
     async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
-        began, now, own, forwarded, newest, found, pinned, new_session, reading = begun
+        began, now, own, forwarded, newest, found, pinned, reading = begun
         first, masked = ex.first_turn, ex.masked_turns
         history = ex.history
-        writing: asyncio.Future[list[Memory]] | None = None
-        written: asyncio.Future[list[Memory]] | None = None  # a new session's, for standing
+        deriving: asyncio.Future[list[Memory]] | None = None
         try:
             # Splitting digests every item of the history: a long one in a worker, not on
             # the loop (a short one costs less there than the trip to a worker).
@@ -491,67 +539,29 @@ class MemoryStep:
             # recall messages kept in place.
             whole = {t.prompt_key for t in turns
                      if t.in_window and t.index not in masked}
-            compacted = ex.history.compacted
-            if own and not new_session:
-                # What it writes now comes from this turn, in the window, where standing
-                # memory does not look: written while recall reads and while the request
-                # goes out, done before the answer is relayed (before_answer).
-                writing = asyncio.ensure_future(self._working_memory(
-                    self._working.update(scope, session, turns, now=now, compacted=compacted)))
-            elif new_session:
-                # A session new to this process: its earlier turns' working memory is written
-                # while the standing reads go out, and what the store took of it (not what
-                # was forgotten) is in the standing selection whether the reads saw it or not
-                # (written before forwarding).
-                derived = await self._working.derived(
-                    scope, session, turns, now=now, compacted=compacted)
-                writing = written = asyncio.ensure_future(self._working_memory(
-                    self._working.write(scope, session, derived, now=now)))
+            if own:
+                # Derived while recall reads; written once a request of the turn is answered.
+                deriving = asyncio.ensure_future(self._working.derived(
+                    scope, session, turns, now=now, compacted=history.compacted))
         except BaseException:
             _drop(found)
             _drop(reading)
             raise
-        # The job keeps the parsed history alive until it runs: about the request's bytes. It
-        # writes the complete turns: a later request's job that has them all stands for it.
-        self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
-                        len(ex.raw), key=(scope, session),
-                        covers=frozenset(t.key for t in turns if t.complete))
-        mode: str | None = None
-        recalled: list[Memory] = []
         try:
-            if pinned is not None:
-                standing, used = list(pinned.chosen), pinned.used
-            else:
-                if reading is None:  # a new session's, once its working memory is derived
-                    reading = self._recaller.read_standing(scope, own, now)
-                standing, used = await self._standing_for(
-                    scope, own, reading, written, window, now)
-            if found is not None:
-                seen: dict[str, set[str]] = {}
-                for shown in kept:
-                    for memory_id, lines in shown.lines if shown is not None else ():
-                        seen.setdefault(memory_id, set()).update(lines)
-                gathered = await found
-                mode = gathered.mode
-                recalled = await self._recaller.pick(
-                    gathered, window=whole, exclude={m.memory_id for m in standing},
-                    shown=seen, budget=self._recaller.budget - used,
-                    min_score=self._settings.recall_min_score,
-                )
-            self._health.ok("recall")
+            standing, used, recalled, mode = await self._recall(
+                scope, own, (found, reading, pinned), (window, whole, kept), now)
         except StoreError as exc:
             self._health.failed("recall", exc)
-            return Prepared(degraded=True)
+            return Prepared(degraded=True, keep=await self._kept(
+                scope, session, turns, deriving, len(ex.raw), now))
+        except BaseException:
+            _drop(deriving)
+            raise
         finally:
-            _drop(found)
-            _drop(reading)
-            if written is not None:
-                await written
-            elif writing is not None:
-                self._keep(writing)
             if self._recall_seconds is not None:
                 # From the turn's first step (_begin), its reads' start.
                 self._recall_seconds.observe(time.monotonic() - began)
+        keep = await self._kept(scope, session, turns, deriving, len(ex.raw), now)
         if self._recalled is not None:
             self._recalled.inc(len(standing) + len(recalled))
         if self._recall_modes is not None and mode is not None:
@@ -567,8 +577,7 @@ class MemoryStep:
                 self._remember(forwarded[-1][1], newest)
             message = newest.message
         return Prepared(
-            writing=None if written is not None else writing,
-            deadline=began + self._budget_s,
+            keep=keep,
             standing=standing_text,
             chosen=tuple(standing),
             used=used,
@@ -578,6 +587,63 @@ class MemoryStep:
             message=message,
             mode=mode,
         )
+
+    async def _recall(
+        self, scope: Scope, own: str,
+        reads: tuple[asyncio.Future[Found] | None, asyncio.Future[Standing] | None,
+                     Pinned | None],
+        seen_in: tuple[set[str], set[str], list[Shown | None]], now: float,
+    ) -> tuple[list[Memory], int, list[Memory], str | None]:
+        """The standing selection, the tokens it takes, what recall picked and how it
+        searched. Raises StoreError."""
+        found, reading, pinned = reads
+        window, whole, kept = seen_in
+        mode: str | None = None
+        recalled: list[Memory] = []
+        try:
+            if pinned is not None:
+                standing, used = list(pinned.chosen), pinned.used
+            else:
+                assert reading is not None  # read in _begin whenever nothing is pinned
+                standing, used = await self._standing_for(scope, own, reading, window, now)
+            if found is not None:
+                seen: dict[str, set[str]] = {}
+                for shown in kept:
+                    for memory_id, lines in shown.lines if shown is not None else ():
+                        seen.setdefault(memory_id, set()).update(lines)
+                gathered = await found
+                mode = gathered.mode
+                recalled = await self._recaller.pick(
+                    gathered, window=whole, exclude={m.memory_id for m in standing},
+                    shown=seen, budget=self._recaller.budget - used,
+                    min_score=self._settings.recall_min_score,
+                )
+            self._health.ok("recall")
+        finally:
+            _drop(found)
+            _drop(reading)
+        return standing, used, recalled, mode
+
+    async def _kept(
+        self, scope: Scope, session: str, turns: list[turns_.Turn],
+        deriving: asyncio.Future[list[Memory]] | None, size: int, now: float,
+    ) -> Keep:
+        """What the turn keeps once a request of it is answered: its working memory, and its
+        complete turns as episodes (their job keeps the parsed history alive until it runs:
+        about the request's bytes; a later request's job that has them all stands for it)."""
+        derived = await deriving if deriving is not None else []
+        working = self._working
+
+        def episodes() -> None:
+            self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
+                            size, key=(scope, session),
+                            covers=frozenset(t.key for t in turns if t.complete))
+
+        def write() -> asyncio.Future[list[Memory]]:
+            return asyncio.ensure_future(self._working_memory(
+                working.write(scope, session, derived, now=now)))
+
+        return Keep(episodes, write if derived else None)
 
     async def _working_memory(self, work: Awaitable[list[Memory]]) -> list[Memory]:
         """``work``'s records; [] when the store failed (counted)."""
@@ -613,14 +679,12 @@ class MemoryStep:
 
     async def _standing_for(
         self, scope: Scope, session: str, reading: asyncio.Future[Standing],
-        written: Awaitable[list[Memory]] | None, window: set[str], now: float,
+        window: set[str], now: float,
     ) -> tuple[list[Memory], int]:
         """The standing selection and the tokens it takes, chosen again only when its
         candidates change (a window cut or a new memory), not when the clock moves their
-        scores. ``written``: working memory being written meanwhile, as the store took it."""
+        scores."""
         read = await reading
-        if written is not None:
-            read = read.with_working(await written)
         candidates = standing_of(read, window)
         signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
         where = (scope, session)

@@ -24,6 +24,7 @@ from proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
 from proxy.headers import check_utf8, request_headers, response_headers
 from proxy.metrics import Metrics, combine, sample_loop_lag
+from proxy.origin import gate
 from proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from proxy.pipeline import Pipeline
 from proxy.sse import UsageTap
@@ -45,9 +46,9 @@ PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKE
 # they took, for the request whose exchange had these Notes (the memory side stores the turn).
 AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
 ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
-# Awaited before the answer to the request whose exchange had these Notes is relayed (the
-# memory side's writes that went on while it was forwarded).
-BeforeAnswer = Callable[[Notes], Awaitable[None]]
+# Awaited with the upstream's status before the answer to the request whose exchange had these
+# Notes is relayed (the memory side keeps what the request brought only on a success).
+BeforeAnswer = Callable[[Notes, int], Awaitable[None]]
 BEFORE_ANSWER: web.AppKey[BeforeAnswer] = web.AppKey("before_answer")
 # Told that the request whose exchange had these Notes is over, answered or not.
 ENDED: web.AppKey[Callable[[Notes], object]] = web.AppKey("ended")
@@ -132,8 +133,9 @@ def create_app(
     before it starts; ``steps`` is called once at start-up, after every context is open.
     ``upstream`` replaces the client to the real API (tests give it their own connector).
     """
-    middlewares: list[Any] = [access_middleware]  # outermost first
     client_keys = load_client_keys(settings.client_keys)
+    # outermost first: a request from a web page is refused before any credential is read
+    middlewares: list[Any] = [access_middleware, gate(settings, client_keys=bool(client_keys))]
     if client_keys:
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
@@ -482,7 +484,7 @@ async def relay(
     before = app.get(BEFORE_ANSWER)
     if before is not None and info.notes is not None:
         try:
-            await before(info.notes)
+            await before(info.notes, upstream_response.status)
         except BaseException:
             upstream_response.close()
             raise

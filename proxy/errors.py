@@ -63,6 +63,24 @@ class Forbidden(ProxyError):
     code = "identity_not_allowed"
 
 
+class OriginNotAllowed(ProxyError):
+    status = 403
+    type = "invalid_request_error"
+    code = "origin_not_allowed"
+
+
+class HostNotAllowed(ProxyError):
+    status = 421  # Misdirected Request: the Host names another server
+    type = "invalid_request_error"
+    code = "host_not_allowed"
+
+
+class NotJson(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_type"
+
+
 class ClientClosed(Exception):
     """The client hung up while the answer was being relayed: nothing more can be sent."""
 

@@ -341,6 +341,7 @@ def raw_request(stack: Stack, head: bytes, body: bytes = b'{"input": []}',
                 target: bytes = b"/v1/responses", method: bytes = b"POST") -> tuple[int, bytes]:
     """Send bytes aiohttp's client would refuse to; return the status and the whole answer."""
     request = (method + b" " + target + b" HTTP/1.1\r\nConnection: close\r\n" + head
+               + b"Content-Type: application/json\r\n"  # the only body /v1 takes
                + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     with socket.create_connection(("127.0.0.1", stack.port), timeout=20) as sock:
         sock.sendall(request)
@@ -349,6 +350,9 @@ def raw_request(stack: Stack, head: bytes, body: bytes = b'{"input": []}',
             answer += chunk
     status = int(answer.split(b" ", 2)[1])
     return status, bytes(answer)
+
+
+JSON = ("Content-Type", "application/json")
 
 
 def fuzz_head(fuzz_id: str) -> bytes:
@@ -383,7 +387,7 @@ def test_smuggled_second_request_never_reaches_the_upstream(stack: Stack) -> Non
 
 def test_host_and_absolute_target_cannot_redirect_the_upstream(stack: Stack) -> None:
     fuzz_id = uuid.uuid4().hex
-    head = f"Host: evil.example:8443\r\n{FUZZ_ID}: {fuzz_id}\r\n".encode()
+    head = f"Host: localhost:8443\r\n{FUZZ_ID}: {fuzz_id}\r\n".encode()
     # An absolute-form target is refused (400) and nothing is forwarded.
     status, _ = raw_request(stack, head, target=b"http://evil.example:8443/v1/responses")
     assert status == 400
@@ -392,7 +396,11 @@ def test_host_and_absolute_target_cannot_redirect_the_upstream(stack: Stack) -> 
     status, _ = raw_request(stack, head, target=b"/v1/responses")
     assert status == 200  # answered by the echo upstream, the only place the proxy sends to
     seen = stack.seen.pop(fuzz_id)
-    assert "evil" not in seen.headers["Host"]
+    assert "8443" not in seen.headers["Host"]
+    # A Host that names another server is refused (DNS rebinding): nothing is forwarded.
+    evil = f"Host: evil.example:8443\r\n{FUZZ_ID}: {fuzz_id}-evil\r\n".encode()
+    assert raw_request(stack, evil, target=b"/v1/responses")[0] == 421
+    assert fuzz_id + "-evil" not in stack.seen
 
 
 def test_duplicated_identity_headers_are_forwarded_without_the_user_key(
@@ -403,7 +411,7 @@ def test_duplicated_identity_headers_are_forwarded_without_the_user_key(
     fuzz_id = uuid.uuid4().hex
     r = client.post(stack.proxy_url + "/v1/responses",
                     content=json.dumps(codex.request(codex.session(3))).encode(),
-                    headers=[*headers, (FUZZ_ID, fuzz_id)])
+                    headers=[*headers, (FUZZ_ID, fuzz_id), JSON])
     assert r.status_code == 200
     seen = stack.seen.pop(fuzz_id)
     assert "x-tdai-user-key" not in seen.headers
@@ -426,7 +434,7 @@ def test_any_printable_header_values_are_forwarded_as_sent(
     fuzz_id = uuid.uuid4().hex
     r = client.post(stack.proxy_url + "/v1/responses",
                     content=json.dumps(codex.request(codex.session(3))).encode(),
-                    headers=[*pairs, (FUZZ_ID, fuzz_id)])
+                    headers=[*pairs, (FUZZ_ID, fuzz_id), JSON])
     assert r.status_code == 200
     seen = stack.seen.pop(fuzz_id)
     for name in {n for n, _ in pairs if n != "x-tdai-user-key"}:

@@ -222,7 +222,8 @@ class Spy:
 
 async def post(proxy: Running, body: bytes, headers: dict[str, str] | None = None) -> int:
     async with aiohttp.ClientSession() as http, http.post(
-        proxy.url + "/v1/responses", data=body, headers=headers
+        proxy.url + "/v1/responses", data=body,
+        headers=headers or {"Content-Type": "application/json"},
     ) as resp:
         await resp.read()
         return resp.status

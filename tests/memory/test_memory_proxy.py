@@ -6,7 +6,6 @@ The scenarios that depend on the store run against both backends (``backend``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import re
@@ -607,28 +606,25 @@ async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_spli
     assert "PostgreSQL 15 on port 5433" in memory_text(sent)
 
 
-async def test_a_new_sessions_working_memory_is_shown_while_it_is_written(
+async def test_a_new_sessions_working_memory_is_written_once_answered_and_shown_next(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A session new to this process (a restart) brings earlier turns: their working memory
-    # is in the first request's standing block, and its write does not hold up the reads
-    # (it waits here for them), yet ends before the request goes out.
+    # is written once the upstream has accepted the request (a refused one keeps nothing),
+    # before its answer is relayed, and the next turn's standing block shows it.
     proxy = await start_proxy(**backend.settings, **CUT_EVERY_TURN)
     store = runtime(proxy).store
-    read, order = asyncio.Event(), []
-    _on_standing_read(store, monkeypatch, read)
+    order: list[str] = []
     upsert_ = store.upsert
 
     async def upsert(memories: Any) -> Any:
         if any(m.type == "working" for m in memories):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(read.wait(), 2.0)
-            order.append(("written", read.is_set()))
+            order.append("written")
         return await upsert_(memories)
 
     async def look(request: Any, rec: Any) -> Any:
-        order.append(("forwarded", True))
+        order.append("forwarded")
         return await upstream.stream(request, rec)
 
     monkeypatch.setattr(store, "upsert", upsert)
@@ -637,9 +633,9 @@ async def test_a_new_sessions_working_memory_is_shown_while_it_is_written(
     s.items = [*s.items, *codex.text_turn("Never commit to main. Set up the repository."),
                *codex.text_turn("Now add a README.")]
 
-    sent = await s.say("Add a license file.")
-
-    assert order == [("written", True), ("forwarded", True)]
+    await s.say("Add a license file.")
+    assert order == ["forwarded", "written"]
+    sent = await s.say("Now run the tests.")
     assert "Never commit to main." in standing_memory(sent)
 
 

@@ -1,4 +1,4 @@
-"""The memory step on its own: what it writes before forwarding, and once per turn."""
+"""The memory step on its own: what it writes once a request is answered, and once per turn."""
 
 from __future__ import annotations
 
@@ -38,12 +38,16 @@ class Rig:
     settings: Any
 
     async def run(self, items: list[dict[str, Any]], turn_id: str = "t1",
-                  **headers: str) -> Exchange:
+                  status: int | None = 200, **headers: str) -> Exchange:
+        """The request through the window and the step, then answered with ``status`` as the
+        relay tells it (None: not yet)."""
         raw = orjson.dumps(codex.request(items))
         hdrs = CIMultiDictProxy(CIMultiDict(codex.headers(turn_id=turn_id, **headers)))
         ex = Exchange.parse(raw, hdrs, self.settings)
         await WindowStep(self.settings.keep_turns)(ex)
         await self.step(ex)
+        if status is not None:
+            await self.step.before_answer(ex.notes, status)
         return ex
 
 
@@ -79,8 +83,13 @@ def history(*prompts: str) -> list[dict[str, Any]]:
     return [*items, codex.text("user", prompts[-1])]
 
 
-async def test_working_memory_is_stored_before_the_request_goes_on(rig: Rig) -> None:
-    await rig.run(history("Port the CLI to Rust.", "Never use unsafe code.", "Go on."))
+async def test_working_memory_is_stored_once_answered_and_before_the_answer_goes_on(
+    rig: Rig,
+) -> None:
+    ex = await rig.run(history("Port the CLI to Rust.", "Never use unsafe code.", "Go on."),
+                       status=None)
+    assert await rig.store.list(None) == []  # forwarded: nothing kept before its answer
+    await rig.step.before_answer(ex.notes, 200)
 
     working = await rig.store.list(None, types=["working"])
     assert sorted(m.text for m in working) == ["Never use unsafe code.", "Port the CLI to Rust."]
@@ -266,7 +275,8 @@ async def test_a_turns_recall_reaches_its_request_a_few_loop_turns_after_the_sea
     monkeypatch.setattr(rig.store, "search", search)
     monkeypatch.setattr(rig.store, "list", list_)
     going = asyncio.ensure_future(rig.run(
-        history("Set up the repo.", "Which port is the database on?"), turn_id="t2"))
+        history("Set up the repo.", "Which port is the database on?"), turn_id="t2",
+        status=None))
     await asyncio.wait_for(listed.wait(), 10)  # the turn's other read (its latest episodes)
     for _ in range(10):
         await asyncio.sleep(0)  # ... has reached the join: only the search waits
@@ -318,8 +328,9 @@ async def test_the_answer_goes_on_a_few_loop_turns_after_working_memory_is_writt
     await rig.run(history("Port the CLI to Rust."), turn_id="t1")
     stored: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
     monkeypatch.setattr(rig.store, "upsert", lambda records: stored)
-    ex = await rig.run(history("Port the CLI to Rust.", "Never use unsafe code."), turn_id="t2")
-    answering = asyncio.ensure_future(rig.step.before_answer(ex.notes))
+    ex = await rig.run(history("Port the CLI to Rust.", "Never use unsafe code."), turn_id="t2",
+                       status=None)
+    answering = asyncio.ensure_future(rig.step.before_answer(ex.notes, 200))
     for _ in range(10):
         await asyncio.sleep(0)
     assert not answering.done()  # it waits for the write

@@ -37,6 +37,9 @@ ENCODINGS: dict[str, Encode] = {
 }
 
 
+JSON = {"Content-Type": "application/json"}  # the only body /v1 takes
+
+
 def header_of(name: str) -> str:
     return name.removesuffix("-raw")
 
@@ -84,7 +87,7 @@ async def test_compressed_passthrough_body_goes_upstream_decoded_and_unlabelled(
     proxy = await start_proxy()
     plain = b'{"input": "compact me", "model": "m"}' * 50
     status, _ = await send(proxy.url, "/v1/responses/compact", ENCODINGS[encoding](plain),
-                           {"Content-Encoding": header_of(encoding).upper()})
+                           {"Content-Encoding": header_of(encoding).upper(), **JSON})
     assert status == 200
     assert upstream.last.path == "/v1/responses/compact"
     assert upstream.last.body == plain
@@ -99,7 +102,7 @@ async def test_identity_and_stacked_codings_are_undone_in_order(
     plain = b'{"a": 1}'
     twice = zlib.compress(gzip.compress(plain))  # gzip applied first, then deflate
     status, _ = await send(proxy.url, "/v1/files", twice,
-                           {"Content-Encoding": "identity, gzip, deflate"})
+                           {"Content-Encoding": "identity, gzip, deflate", **JSON})
     assert status == 200
     assert upstream.last.body == plain
     assert "content-encoding" not in lower(upstream.last.headers)
@@ -224,7 +227,7 @@ async def test_the_upstream_base_path_is_kept_under_a_deeper_base(
 @pytest.mark.parametrize("head,body", [
     ("GET http://evil.example/v1/models HTTP/1.1", b""),
     ("GET http://127.0.0.1/v1/models?limit=2 HTTP/1.1", b""),
-    ("POST http://evil.example/v1/responses HTTP/1.1",
+    ("POST http://evil.example/v1/responses HTTP/1.1\r\nContent-Type: application/json",
      json.dumps(codex.request(codex.session(1))).encode()),
 ])
 async def test_a_target_that_is_not_a_path_gets_a_400(

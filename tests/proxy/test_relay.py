@@ -73,7 +73,7 @@ async def test_headers_pass_both_ways_but_private_ones_stay(upstream: FakeUpstre
                                                             start_proxy: ProxyFactory) -> None:
     proxy = await start_proxy()
     hdrs = codex.headers(**{"x-tdai-user-key": "uk-secret", "x-codex-beta-features": "b",
-                            "openai-beta": "responses=v1", "Host": "evil.example:80"})
+                            "openai-beta": "responses=v1", "Host": "localhost:80"})
     _, headers, _ = await post(proxy.url, codex.request(codex.session(1)), hdrs)
     got = {k.lower(): v for k, v in upstream.last.headers.items()}
     assert got["session-id"] == "sess-1"
@@ -180,7 +180,8 @@ async def test_other_paths_are_forwarded_under_the_upstream_url(upstream: FakeUp
             assert r.status == 200
             assert (await r.json())["query"] == "limit=2"
         assert upstream.last.path == "/v1/models"
-        async with s.post(proxy.url + "/v1/responses/compact", data=b'{"a":1}') as r:
+        async with s.post(proxy.url + "/v1/responses/compact", data=b'{"a":1}',
+                          headers={"Content-Type": "application/json"}) as r:
             assert r.status == 200
         assert upstream.last.path == "/v1/responses/compact"
         assert upstream.last.body == b'{"a":1}'
