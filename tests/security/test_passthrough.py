@@ -34,7 +34,8 @@ REFUSED = [
 
 async def call(url: str, key: str, method: str, path: str) -> tuple[int, dict[str, object]]:
     async with aiohttp.ClientSession() as http, http.request(
-        method, url + path, headers={"Authorization": f"Bearer {key}"},
+        method, url + path, headers={"Authorization": f"Bearer {key}",
+                                     "Content-Type": "application/json"},
         data=b'{"purpose": "assistants"}' if method == "POST" else None,
     ) as r:
         return r.status, await r.json()

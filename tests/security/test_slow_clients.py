@@ -22,9 +22,9 @@ from tests.proxy.test_shutdown import GUARD_S, serving
 
 TIMEOUT_S = 0.5
 CAP = 3
-ASK = b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n"
+ASK = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
 # Never ends (no blank line): only the server's timer can end it.
-SLOW_HEAD = b"POST /v1/responses HTTP/1.1\r\nHost: proxy\r\nX-Slow: " + b"a" * 500
+SLOW_HEAD = b"POST /v1/responses HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 500
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -156,7 +156,7 @@ async def test_a_body_coming_at_a_normal_pace_is_not_timed_the_next_requests_hea
     body = orjson.dumps(sent)
     reader, writer = conn = await connect(proxy.url)
     headers = "".join(f"{k}: {v}\r\n" for k, v in codex.headers().items())
-    writer.write(f"POST /v1/responses HTTP/1.1\r\nHost: proxy\r\n{headers}"
+    writer.write(f"POST /v1/responses HTTP/1.1\r\nHost: localhost\r\n{headers}"
                  f"Content-Length: {len(body)}\r\n\r\n".encode())
     step = len(body) // 4 + 1
     pieces = [body[at : at + step] for at in range(0, len(body), step)]
