@@ -77,6 +77,13 @@ _CREDENTIALS = frozenset({
     "apikey", "secretkey", "accesskey", "privatekey",
 })
 _KEY_KINDS = frozenset({"api", "secret", "access", "private"})
+# Files that hold credentials: a statement naming one (to send, print or upload it) is no
+# preference to keep.
+_SECRET_FILES = frozenset({
+    ".env", ".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials", ".htpasswd",
+    "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "kubeconfig", "shadow",
+})
+_SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg", ".kube", ".docker"})
 
 _DROPS = frozenset({
     "ignore", "ignores", "ignored", "ignoring", "disregard", "disregards", "disregarded",
@@ -96,7 +103,12 @@ _NEGATIONS = frozenset({"not", "never", "no", "stop", "quit", "cease", "dont", "
 _FOLLOWS = frozenset({
     "follow", "following", "follows", "obey", "obeying", "adhere", "comply", "heed", "respect",
     "apply", "applies", "abide", "bound", "matter", "matters", "valid", "count", "listen",
+    "attention", "mind", "regard",
 })
+# "no rules", "without restrictions": the agent's instructions said to be gone ("no earlier
+# than 9" is a time, not an order).
+_NONE = frozenset({"no", "without", "zero", "free"})
+_PLACES = frozenset({"above", "previous", "prior", "earlier", "preceding", "told"})
 _INSTRUCTIONS = frozenset({
     "instruction", "instructions", "rule", "rules", "guideline", "guidelines", "guidance",
     "prompt", "prompts", "directive", "directives", "guardrail", "guardrails", "policy",
@@ -120,9 +132,9 @@ def hazard(sentence: str) -> Hazard | None:
     if len(sentence) > MAX_CHARS:
         return "long"
     words = _words(sentence)
-    if _credential(sentence, words):
-        return "credential"
     tokens = _tokens(sentence)
+    if _credential(sentence, words) or any(_secret_file(t) for t in tokens):
+        return "credential"
     if any(_is_url(t) for t in tokens):
         return "url"
     if _command(tokens):
@@ -173,6 +185,11 @@ def _credential(sentence: str, words: Sequence[str]) -> bool:
         w in _CREDENTIALS or (w == "key" and n and words[n - 1] in _KEY_KINDS)
         for n, w in enumerate(words)
     )
+
+
+def _secret_file(token: str) -> bool:
+    parts = token.rstrip(_TRAILING).casefold().split("/")
+    return parts[-1] in _SECRET_FILES or any(p in _SECRET_DIRS for p in parts)
 
 
 def _is_url(token: str) -> bool:
@@ -301,6 +318,9 @@ def _instruction(words: Sequence[str]) -> bool:
     if drops and any(w in _INSTRUCTIONS for w in words):
         return True
     if any(w.startswith("jailbr") for w in words):
+        return True
+    if any(w in _INSTRUCTIONS and w not in _PLACES and words[n - 1] in _NONE
+           for n, w in enumerate(words) if n):
         return True
     return any(
         (words[n - 1], w) in _MARKERS or (words[n - 1] in _NEW and w in _ORDERS)
