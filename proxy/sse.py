@@ -55,6 +55,8 @@ class UsageTap:
         if self._found is not None:
             return
         event = self._event
+        if not (event or self._skipping) and chunk.endswith(_ENDS) and _COMPLETED not in chunk:
+            return  # whole events, none of them the completed one: nothing to hold
         new = len(event)
         event += chunk
         if self._skipping:
