@@ -31,7 +31,7 @@ import logging
 import time
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -414,26 +414,34 @@ class MemoryStep:
         self._awaiting_bytes -= waiting.size
         return waiting
 
-    async def before_answer(self, notes: Notes, status: int) -> None:
+    def before_answer(self, notes: Notes, status: int) -> Callable[[], Awaitable[object]] | None:
         """The upstream answered the request whose exchange had ``notes`` with ``status``
         (what the relay tells before it relays the answer). A success: its turn keeps what
-        it brought, and the answer waits for the working-memory write, within the budget, so
-        the session's next request (in any replica, after a compaction too) follows it.
+        it brought, and what the relay awaits before the answer's end (the completed event)
+        so that the session's next request (in any replica, after a compaction too) follows
+        the working-memory write: it ends within the budget, from now. The answer's first
+        bytes do not wait: the write goes on while the model answers.
         Else nothing of the request is kept: a refused request (a browser's, with a history
         of its own making, say) never writes memory."""
         held = self._unhold(notes)
         if held is None:
-            return
+            return None
         if not 200 <= status < 300:
             self._unawait(notes)
             self._refused(held)
-            return
+            return None
         writing = self._answered(held.turn)
-        if writing is not None and not writing.done():
+        if writing is None or writing.done():
+            return None
+        deadline = time.monotonic() + self._budget_s
+
+        def written() -> Awaitable[object]:
             # Past the budget the answer goes on without it; a failed write is counted (or
             # logged, _written) where it failed. (asyncio.wait: the write's end reaches the
             # answer a turn of the loop sooner than through wait_for(shield(...)).)
-            await asyncio.wait((writing,), timeout=self._budget_s)
+            return asyncio.wait((writing,), timeout=max(0.0, deadline - time.monotonic()))
+
+        return written
 
     def _unhold(self, notes: Notes) -> Held | None:
         held = self._holding.get(id(notes))

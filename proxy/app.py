@@ -46,9 +46,10 @@ PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKE
 # they took, for the request whose exchange had these Notes (the memory side stores the turn).
 AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
 ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
-# Awaited with the upstream's status before the answer to the request whose exchange had these
-# Notes is relayed (the memory side keeps what the request brought only on a success).
-BeforeAnswer = Callable[[Notes, int], Awaitable[None]]
+# Told the upstream's status before the answer to the request whose exchange had these Notes
+# is relayed (the memory side keeps what the request brought only on a success); what it
+# returns is awaited before the chunk that completes the answer (the completed event) goes on.
+BeforeAnswer = Callable[[Notes, int], Callable[[], Awaitable[object]] | None]
 BEFORE_ANSWER: web.AppKey[BeforeAnswer] = web.AppKey("before_answer")
 # Told that the request whose exchange had these Notes is over, answered or not.
 ENDED: web.AppKey[Callable[[Notes], object]] = web.AppKey("ended")
@@ -482,9 +483,10 @@ async def relay(
     upstream_response = await upstream.send(request.method, url, headers, body)
     completed = False
     before = app.get(BEFORE_ANSWER)
+    hold = None
     if before is not None and info.notes is not None:
         try:
-            await before(info.notes, upstream_response.status)
+            hold = before(info.notes, upstream_response.status)
         except BaseException:
             upstream_response.close()
             raise
@@ -510,13 +512,16 @@ async def relay(
                     info.ttfb_ms = round(ttfb * 1000, 2)
                     app[METRICS].ttfb.observe(ttfb)
                 idle.writing()
+                if tap is not None:
+                    tap.feed(chunk)
+                if hold is not None and (tap is None or tap.completed):
+                    await hold()  # the answer ends once what the request brought is kept
+                    hold = None
                 try:
                     await response.write(chunk)
                 except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError
                     raise ClientClosed from exc  # a ClientError too: not the upstream's
                 idle.moved()
-                if tap is not None:
-                    tap.feed(chunk)
         except (aiohttp.ClientError, TimeoutError) as exc:
             # The upstream broke mid-answer: end the client's connection the same way, so it
             # sees a broken stream (and retries) rather than a clean end.
@@ -527,6 +532,8 @@ async def relay(
             return response
         finally:
             idle.cancel()
+        if hold is not None:  # a stream that ended without its completed event's blank line
+            await hold()
         await response.write_eof()
         completed = True
         app[METRICS].upstream.observe(time.perf_counter() - start)

@@ -121,6 +121,11 @@ class UsageTap:
         return self._completed
 
     @property
+    def completed(self) -> bool:
+        """Whether the ``response.completed`` event has been read (its end has come)."""
+        return self._found is not None
+
+    @property
     def size(self) -> int:
         """Bytes kept of the stream: the completed event's."""
         return len(self._found or b"")

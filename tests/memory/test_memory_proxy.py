@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from injectors import tokens
@@ -534,6 +535,40 @@ async def test_a_constraint_is_stored_while_its_request_goes_out_and_before_its_
     assert any("Always use tabs for indentation." in m.text for m in working)  # the answer was
     registry = proxy.app[METRICS].registry
     assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) == 0
+
+
+async def test_the_answer_starts_while_working_memory_is_written_and_ends_after_it(
+    backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    # The write begins at the upstream's success status; the client's first bytes do not
+    # wait for it, the completed event (after which a client sends its next request) does.
+    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
+    store = runtime(proxy).store
+    s = Session(proxy, upstream)
+    await s.say("Set up the migrations folder.")
+    await runtime(proxy).queue.join()
+    held_upsert, release = store.upsert, asyncio.Event()
+
+    async def upsert(memories: Any) -> Any:
+        await release.wait()
+        return await held_upsert(memories)
+
+    store.upsert = upsert  # type: ignore[method-assign]
+    upstream.chunk_delay_s = 0.02  # events apart, as a model streams them
+    s.items = [*s.items, codex.text("user", "Always use tabs for indentation. Go on.")]
+    hdrs = codex.headers(session_id=s.session_id, turn_id=f"{s.session_id}-t2")
+    async with aiohttp.ClientSession() as http, http.post(
+            proxy.url + "/v1/responses", json=codex.request(s.items, s.session_id),
+            headers=hdrs) as r:
+        first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10)
+        assert b"response.created" in first  # relayed while the write is held
+        rest = asyncio.ensure_future(r.content.read())
+        await asyncio.sleep(0.2)
+        assert not rest.done()  # the completed event waits for the write
+        release.set()
+        assert b"response.completed" in await asyncio.wait_for(rest, 10)
+    working = await store.list(None, types=["working"], limit=100)
+    assert any("Always use tabs for indentation." in m.text for m in working)
 
 
 async def test_a_working_memory_write_that_breaks_does_not_break_the_answer(

@@ -47,8 +47,15 @@ class Rig:
         await WindowStep(self.settings.keep_turns)(ex)
         await self.step(ex)
         if status is not None:
-            await self.step.before_answer(ex.notes, status)
+            await answer(self.step, ex, status)
         return ex
+
+
+async def answer(step: MemoryStep, ex: Exchange, status: int = 200) -> None:
+    """The relay's part: tell the status, and wait as it does before the answer's end."""
+    hold = step.before_answer(ex.notes, status)
+    if hold is not None:
+        await hold()
 
 
 @pytest.fixture
@@ -89,7 +96,7 @@ async def test_working_memory_is_stored_once_answered_and_before_the_answer_goes
     ex = await rig.run(history("Port the CLI to Rust.", "Never use unsafe code.", "Go on."),
                        status=None)
     assert await rig.store.list(None) == []  # forwarded: nothing kept before its answer
-    await rig.step.before_answer(ex.notes, 200)
+    await answer(rig.step, ex)
 
     working = await rig.store.list(None, types=["working"])
     assert sorted(m.text for m in working) == ["Never use unsafe code.", "Port the CLI to Rust."]
@@ -330,7 +337,7 @@ async def test_the_answer_goes_on_a_few_loop_turns_after_working_memory_is_writt
     monkeypatch.setattr(rig.store, "upsert", lambda records: stored)
     ex = await rig.run(history("Port the CLI to Rust.", "Never use unsafe code."), turn_id="t2",
                        status=None)
-    answering = asyncio.ensure_future(rig.step.before_answer(ex.notes, 200))
+    answering = asyncio.ensure_future(answer(rig.step, ex))
     for _ in range(10):
         await asyncio.sleep(0)
     assert not answering.done()  # it waits for the write
