@@ -25,6 +25,13 @@ WARN_EVERY_S = 60.0  # an unreachable upstream is a warning once a minute, not p
 log = logging.getLogger("ctxproxy")
 
 
+def shown_url(url: str | URL) -> str:
+    """``url`` as an error or a log line may show it: scheme, host, port and path, without
+    the user, password, query or fragment, any of which may carry a credential."""
+    parsed = URL(url).with_query(None).with_fragment(None)
+    return str(parsed.with_user(None) if parsed.is_absolute() else parsed)
+
+
 class Upstream:
     """Sends requests to ``base_url`` and nowhere else, and maps failures to ProxyErrors."""
 
@@ -37,6 +44,7 @@ class Upstream:
         connector: Callable[[], aiohttp.BaseConnector] | None = None,
     ) -> None:
         self.base = URL(base_url)
+        self._shown = shown_url(self.base)
         # The transport seam: tests give a connector of their own (a Unix socket, say).
         self._connector = connector
         # The read timeout is ours (``send``, ``Idle``), not aiohttp's sock_read: that one
@@ -97,9 +105,13 @@ class Upstream:
             if now - self._warned_at >= WARN_EVERY_S:
                 self._warned_at = now
                 log.warning("the upstream %s cannot be reached: %s (requests get 502)",
-                            self.base, exc)
+                            self._shown, exc)
+            # The URL named, and the setting when no connection was made, so that a newcomer
+            # sees what to fix.
+            hint = ("; check CTXPROXY_UPSTREAM_URL"
+                    if isinstance(exc, aiohttp.ClientConnectorError) else "")
             raise UpstreamUnreachable(
-                f"the upstream could not be reached ({type(exc).__name__})"
+                f"the upstream {self._shown} could not be reached ({type(exc).__name__}){hint}"
             ) from exc
 
 

@@ -117,6 +117,23 @@ async def test_unreachable_upstream_gives_openai_shaped_502(start_proxy: ProxyFa
     assert json.loads(body)["error"]["code"] == "upstream_unreachable"
 
 
+async def test_unreachable_upstream_502_names_the_url_without_its_credentials(
+        start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.fakes.server import free_port
+    port = free_port()
+    proxy = await start_proxy(upstream_url=f"http://alice:s3cret@127.0.0.1:{port}/v1?key=k9")
+    # No Authorization of the client's: aiohttp sends the URL's user and password instead.
+    headers = {k: v for k, v in codex.headers().items() if k.lower() != "authorization"}
+    status, _, body = await post(proxy.url, codex.request(codex.session(1)), headers)
+    assert status == 502, body
+    message = json.loads(body)["error"]["message"]
+    assert f"http://127.0.0.1:{port}/v1 " in message
+    assert "CTXPROXY_UPSTREAM_URL" in message
+    assert not any(secret in message for secret in ("alice", "s3cret", "k9"))
+    assert f"http://127.0.0.1:{port}/v1 cannot be reached" in caplog.text
+    assert "s3cret" not in caplog.text and "k9" not in caplog.text
+
+
 async def test_slow_upstream_gives_504(upstream: FakeUpstream, start_proxy: ProxyFactory) -> None:
     upstream.then_delay(3)
     proxy = await start_proxy(upstream_read_timeout_s=0.3)
