@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
         description="A transparent context proxy for coding agents (OpenAI Responses API). "
-        "With no command it serves, as `ctxproxy serve` does.",
+        "`ctxproxy serve` runs it; with no command this help is printed.",
         epilog=settings_help(),
         formatter_class=formatter,
     )
@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        args = parser.parse_args(["serve"])
+        # A newcomer's first try: show the commands rather than start a server in silence.
+        parser.print_help()
+        return 0
     try:
         settings = load_settings()
     except SettingsError as exc:

@@ -1,6 +1,6 @@
-"""The command line as a new user meets it: --version, help that says plain `ctxproxy`
-serves, help without an error code, listings that say when they are empty, a pipe closed
-early, a wiki folder with no pages, and a re-sync that keeps the wiki's summary."""
+"""The command line as a new user meets it: --version, plain `ctxproxy` printing the commands
+rather than serving, help without an error code, listings that say when they are empty, a pipe
+closed early, a wiki folder with no pages, and a re-sync that keeps the wiki's summary."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from knowledge.store import FILENAME, Catalogue
 from memory.model import Memory, Scope
 from memory.store_sqlite import SqliteStore
 from proxy.cli import main
+from tests.fakes.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,23 @@ def test_version_and_help_say_what_plain_ctxproxy_does(
     assert exited.value.code == 0 and capsys.readouterr().out.startswith("ctxproxy ")
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "With no command it serves" in capsys.readouterr().out
+    assert "with no command this help is printed" in capsys.readouterr().out
+
+
+def test_plain_ctxproxy_prints_the_commands_and_exits_0_without_serving(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"  # a server would make it on start
+    port = free_port()
+    env = {"CTXPROXY_DATA_DIR": str(data_dir), "CTXPROXY_PORT": str(port),
+           "PATH": "/usr/bin:/bin"}
+    # A short timeout: the old behaviour served until killed.
+    done = subprocess.run([sys.executable, "-m", "proxy"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    assert "usage: ctxproxy" in done.stdout
+    for command in ("serve", "knowledge", "memory", "stats", "explain", "doctor"):
+        assert f"\n    {command}" in done.stdout, command
+    assert "listening" not in done.stderr
+    assert not data_dir.exists()
 
 
 def test_command_groups_without_an_action_print_help_and_exit_0(tmp_path: Path) -> None:
