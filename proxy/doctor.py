@@ -22,6 +22,7 @@ from ledger import LedgerError
 from ledger.stores import make_ledger
 from memory.model import StoreError
 from memory.stores import make_store
+from proxy.upstream import shown_url
 
 __all__ = ["register", "settings_sources"]
 
@@ -84,13 +85,23 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _upstream(settings: Settings) -> str:
-    """Any HTTP answer means it is reachable (a 401 without a key is still an answer)."""
+    """The base URL is right when its models route answers 2xx, or 401/403: the doctor sends
+    no key, and a provider refuses one it lacks only on a route that exists. Anything else
+    (a 404 most often) means requests would not reach the Responses API."""
     async with httpx.AsyncClient(timeout=settings.upstream_connect_timeout_s) as http:
         response = await http.get(settings.upstream_url + "/models")
-    answer = f"{settings.upstream_url} answered HTTP {response.status_code}"
-    if response.status_code >= 500:
+    status = response.status_code
+    answer = f"{shown_url(settings.upstream_url)}/models answered HTTP {status}"
+    if 200 <= status < 300 or status in (401, 403):
+        return answer
+    if status >= 500:
         raise RuntimeError(answer)
-    return answer
+    moved = response.headers.get("location")
+    raise RuntimeError(
+        answer + (f" (moved to {shown_url(moved)})" if moved else "")
+        + "; is CTXPROXY_UPSTREAM_URL the API's base URL? It usually ends in /v1, as in "
+        "https://api.openai.com/v1"
+    )
 
 
 async def _store(settings: Settings) -> str:

@@ -43,3 +43,24 @@ async def test_doctor_fails_on_an_unreachable_upstream(
     code, out = await doctor(capsys)
     assert code == 1
     assert "FAIL upstream" in out and "ok   store" in out
+
+
+
+@pytest.mark.parametrize("status,fails", [(404, True), (400, True), (401, False), (403, False)])
+async def test_doctor_fails_an_upstream_url_whose_models_route_is_not_there(
+    upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], status: int, fails: bool,
+) -> None:
+    """A base URL without /v1, say, answers, but not as the API. A 401 or 403 is the right URL
+    refusing the doctor, which sends no key."""
+    upstream.then_error(status)
+    monkeypatch.setenv("CTXPROXY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_URL", upstream.url)  # type: ignore[attr-defined]
+    code, out = await doctor(capsys)
+    assert code == (1 if fails else 0), out
+    [line] = [line for line in out.splitlines() if " upstream " in line]
+    assert line.lstrip().startswith("FAIL upstream" if fails else "ok   upstream")
+    assert f"{upstream.url}/models answered HTTP {status}" in line  # type: ignore[attr-defined]
+    assert ("/v1" in line and "CTXPROXY_UPSTREAM_URL" in line) is fails
+    assert "ok   store" in out
+    assert [r.path for r in upstream.received] == ["/models"]
