@@ -45,8 +45,10 @@ def settings_sources(settings: Settings, env: Mapping[str, str]) -> list[tuple[s
         value = getattr(settings, name)
         if isinstance(value, SecretStr):
             shown = "(set)"
-        elif name in ("store_url", "client_keys") and value:
-            shown = "(set)" if name == "client_keys" else _no_password(str(value))
+        elif name == "client_keys" and value:
+            shown = "(set)"
+        elif name.endswith("_url") and value:
+            shown = _no_password(str(value))  # any URL may carry a user's password
         else:
             shown = "unset" if value is None else str(value)
         rows.append((variable, shown, "environment" if variable in env else "default"))

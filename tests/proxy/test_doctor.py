@@ -39,10 +39,11 @@ async def test_doctor_fails_on_an_unreachable_upstream(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("CTXPROXY_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("CTXPROXY_UPSTREAM_URL", f"http://127.0.0.1:{free_port()}/v1")
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_URL", f"http://u:pw-never-shown@127.0.0.1:{free_port()}/v1")
     code, out = await doctor(capsys)
     assert code == 1
     assert "FAIL upstream" in out and "ok   store" in out
+    assert "pw-never-shown" not in out  # the settings table hides a URL's password too
 
 
 
