@@ -27,7 +27,7 @@ from proxy.metrics import Metrics, combine, sample_loop_lag
 from proxy.origin import gate
 from proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from proxy.pipeline import Pipeline
-from proxy.sse import UsageTap
+from proxy.sse import BodyTap, UsageTap
 from proxy.upstream import Idle, Upstream
 from proxy.workers import Peers
 from request import Exchange, NotAResponsesRequest, Notes, Step
@@ -490,11 +490,7 @@ async def relay(
         except BaseException:
             upstream_response.close()
             raise
-    tap = (
-        UsageTap(upstream_response.headers.get("Content-Encoding"))
-        if tap_usage and _is_sse(upstream_response)
-        else None
-    )
+    tap = _tap(upstream_response) if tap_usage else None
     try:
         response = web.StreamResponse(
             status=upstream_response.status,
@@ -514,7 +510,7 @@ async def relay(
                 idle.writing()
                 if tap is not None:
                     tap.feed(chunk)
-                if hold is not None and (tap is None or tap.completed):
+                if hold is not None and (tap is None or tap.answer_due):
                     await hold()  # the answer ends once what the request brought is kept
                     hold = None
                 try:
@@ -550,17 +546,25 @@ async def relay(
             upstream_response.close()  # client gone or stream broken: drop the connection now
 
 
-def _is_sse(response: aiohttp.ClientResponse) -> bool:
-    return response.content_type == "text/event-stream"
+def _tap(response: aiohttp.ClientResponse) -> UsageTap | BodyTap | None:
+    """What reads the answer's usage and output on the side: a stream's completed event, or a
+    non-streamed answer's JSON body."""
+    encoding = response.headers.get("Content-Encoding")
+    if response.content_type == "text/event-stream":
+        return UsageTap(encoding)
+    if response.content_type == "application/json":
+        return BodyTap(encoding)
+    return None
 
 
-def _count_unread(app: web.Application, tap: UsageTap) -> None:
+def _count_unread(app: web.Application, tap: UsageTap | BodyTap) -> None:
     if tap.skipped:
-        log.debug("stream events too large to read for usage: %d relayed unread", tap.skipped)
+        log.debug("answer events or bodies too large to read for usage: %d relayed unread",
+                  tap.skipped)
         app[METRICS].events_unread.inc(tap.skipped)
 
 
-def _record_usage(app: web.Application, info: Access, tap: UsageTap) -> None:
+def _record_usage(app: web.Application, info: Access, tap: UsageTap | BodyTap) -> None:
     answered = app.get(ANSWERED)
     if answered is not None and info.notes is not None:
         output = tap.output()

@@ -1,4 +1,5 @@
-"""Server-sent events, read on the side: the relay copies bytes, this only watches them."""
+"""Answers read on the side (server-sent events, or one JSON body): the relay copies bytes,
+this only watches them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re2
 
 from proxy.bodies import StreamDecoder
 
-__all__ = ["MAX_EVENT", "UsageTap", "parse_events"]
+__all__ = ["MAX_EVENT", "BodyTap", "UsageTap", "parse_events"]
 
 _COMPLETED = b"response.completed"
 # An event ends at a blank line: "\n\n", or "\r\n\r\n", whose tail is "\n\r\n". One
@@ -121,38 +122,100 @@ class UsageTap:
         return self._completed
 
     @property
-    def completed(self) -> bool:
-        """Whether the ``response.completed`` event has been read (its end has come)."""
-        return self._found is not None
-
-    @property
     def size(self) -> int:
         """Bytes kept of the stream: the completed event's."""
         return len(self._found or b"")
 
+    @property
+    def answer_due(self) -> bool:
+        """Whether the answer may be complete with the chunk just fed: the
+        ``response.completed`` event has been read (its end has come)."""
+        return self._found is not None
+
     def output(self) -> list[dict[str, Any]] | None:
         """The completed response's output items (what the client was answered), or None."""
-        response = self._response()
-        output = response.get("output") if response is not None else None
-        if not isinstance(output, list):
-            return None
-        return [item for item in output if isinstance(item, dict)]
+        return _output(self._response())
 
     def usage(self) -> dict[str, int] | None:
         """input/cached/output tokens of the completed response, or None."""
-        response = self._response()
-        if response is not None:
-            usage = response.get("usage")
-            if not isinstance(usage, dict):
-                return None
-            details = usage.get("input_tokens_details")
-            cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-            return {
-                "input_tokens": _int(usage.get("input_tokens")),
-                "cached_tokens": _int(cached),
-                "output_tokens": _int(usage.get("output_tokens")),
-            }
+        return _usage(self._response())
+
+
+class BodyTap:
+    """Reads ``usage`` and the output items of a non-streamed answer: one JSON body, the
+    Responses object itself.
+
+    Fed every relayed chunk, it keeps at most ``MAX_EVENT`` bytes and parses them once, after
+    the relay; a larger body is relayed all the same, only not read (``skipped`` is 1).
+    """
+
+    def __init__(self, content_encoding: str | None = None) -> None:
+        self._body = bytearray()
+        self.skipped = 0
+        self._decoder = StreamDecoder(content_encoding) if content_encoding else None
+        self._response: dict[str, Any] | None = None
+        self._read = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self.skipped:
+            return
+        pieces = [chunk] if self._decoder is None else self._decoder.decode(chunk)
+        for piece in pieces:
+            self._body += piece
+            if len(self._body) > MAX_EVENT:
+                self.skipped = 1
+                self._body = bytearray()
+                return
+
+    @property
+    def answer_due(self) -> bool:
+        """Always: which chunk ends a JSON body is not known before it, so what waits for the
+        answer's end waits before its first bytes."""
+        return True
+
+    @property
+    def size(self) -> int:
+        """Bytes kept of the answer: the body's, when it was read."""
+        return len(self._body)
+
+    def _parsed(self) -> dict[str, Any] | None:
+        if not self._read:
+            self._read = True
+            if self._body:
+                try:
+                    parsed = orjson.loads(self._body)
+                except orjson.JSONDecodeError:
+                    parsed = None
+                self._response = parsed if isinstance(parsed, dict) else None
+        return self._response
+
+    def output(self) -> list[dict[str, Any]] | None:
+        """The answer's output items, or None (an error body has none)."""
+        return _output(self._parsed())
+
+    def usage(self) -> dict[str, int] | None:
+        """input/cached/output tokens of the answer, or None."""
+        return _usage(self._parsed())
+
+
+def _output(response: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    output = response.get("output") if response is not None else None
+    if not isinstance(output, list):
         return None
+    return [item for item in output if isinstance(item, dict)]
+
+
+def _usage(response: dict[str, Any] | None) -> dict[str, int] | None:
+    usage = response.get("usage") if response is not None else None
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return {
+        "input_tokens": _int(usage.get("input_tokens")),
+        "cached_tokens": _int(cached),
+        "output_tokens": _int(usage.get("output_tokens")),
+    }
 
 
 def _first_end(data: bytearray, start: int) -> int:

@@ -21,10 +21,12 @@ from request.items import (
     is_turn_start,
     message_text,
     output_text,
+    prompt_message,
 )
 
 __all__ = [
     "Cut", "Exchange", "History", "Identity", "Item", "NotAResponsesRequest", "Notes", "Step",
     "call_pairs", "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
-    "is_turn_start", "message_text", "output_text", "owner_digest", "user_digest",
+    "is_turn_start", "message_text", "output_text", "owner_digest", "prompt_message",
+    "user_digest",
 ]

@@ -12,7 +12,7 @@ from multidict import CIMultiDictProxy
 
 from config import Settings
 from request.history import History
-from request.items import Item
+from request.items import Item, prompt_message
 
 __all__ = [
     "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes", "Step",
@@ -171,7 +171,10 @@ class Exchange:
         if items is not None and not isinstance(items, str | list):
             raise NotAResponsesRequest("input is neither a string nor a list")
         try:
-            history = History(items if isinstance(items, list) else [])
+            history = History(
+                [prompt_message(items)] if isinstance(items, str)
+                else items if isinstance(items, list) else []
+            )
         except TypeError as exc:
             raise NotAResponsesRequest(str(exc)) from exc
         return cls(
@@ -184,8 +187,14 @@ class Exchange:
 
     @property
     def items(self) -> list[Item] | None:
-        """The input to forward as it stands now; None when it is not a list."""
+        """The input to forward as it stands now; None when there is none.
+
+        A string input (steps never write one) reads as the history's one message: a step
+        that changes the input writes it back as that list.
+        """
         items = self.body.get("input")
+        if isinstance(items, str):
+            return list(self.history.items)
         return items if isinstance(items, list) else None
 
     @property

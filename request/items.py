@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "COMPACTION_MARKERS", "CONTEXT_MARKERS", "Item", "call_pairs", "is_compaction_message",
     "is_context", "is_message", "is_turn_start", "message_text", "output_text",
+    "prompt_message",
 ]
 
 Item = dict[str, Any]
@@ -29,6 +30,11 @@ CONTEXT_MARKERS = (
     *COMPACTION_MARKERS,
 )
 SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def prompt_message(text: str) -> Item:
+    """The user message a string ``input`` stands for (the Responses API reads it so)."""
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
 def message_text(item: Item) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 from lxml import html
 
 from ledger.counterfactual import PartCounter
@@ -20,6 +21,7 @@ from proxy.memory_wiring import MEMORY
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running, raw_request
+from tests.fakes.upstream import FakeUpstream, Received, message_item
 
 
 async def post(url: str, items: list[dict[str, Any]], session: str = "sess-1",
@@ -206,3 +208,30 @@ async def test_a_body_that_cannot_be_counted_leaves_only_its_own_row_without_tok
     assert deep_row.client_tokens is None
     assert plain_row.client_tokens is not None and plain_row.client_tokens > 0
     await recorder.close()
+
+
+async def test_a_non_streamed_answer_is_relayed_as_sent_and_its_usage_recorded(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    answer = orjson.dumps({
+        "id": "resp_1", "object": "response", "status": "completed",
+        "output": [message_item("The migrations live in db/migrate.")],
+        "usage": {"input_tokens": 1234, "input_tokens_details": {"cached_tokens": 1024},
+                  "output_tokens": 56, "total_tokens": 1290},
+    }) + b"\n"  # bytes json.dumps would not write: the client gets the upstream's own
+
+    async def json_answer(request: web.Request, rec: Received) -> web.StreamResponse:
+        return web.Response(body=answer, content_type="application/json")
+
+    upstream.then(json_answer)
+    proxy = await start_proxy()
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/responses",
+        data=orjson.dumps(codex.request(codex.session(1), stream=False)),
+        headers=codex.headers("sess-1"),
+    ) as resp:
+        assert resp.status == 200
+        assert await resp.read() == answer
+
+    [row] = await rows(proxy)
+    assert (row.input_tokens, row.cached_tokens, row.output_tokens) == (1234, 1024, 56)

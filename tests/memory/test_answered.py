@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -161,3 +162,22 @@ async def test_an_answered_turn_is_written_without_asking_the_store_first(
 
     assert [e[0] for e in await _episodes(s)] == [0, 1]
     assert asked == []
+
+
+async def test_a_non_streamed_answer_is_stored_as_the_turns_answer(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    s = Session(await start_proxy(), upstream)
+    s.turns = 1
+    s.items = [*s.items, codex.text("user", "Where do the migrations live?")]
+    async with aiohttp.ClientSession() as http, http.post(
+        s.proxy.url + "/v1/responses",
+        data=json.dumps(codex.request(s.items, s.session_id, stream=False)),
+        headers=codex.headers(s.session_id, f"{s.session_id}-t1"),
+    ) as r:
+        assert r.status == 200
+        assert (await r.json())["output"][0]["role"] == "assistant"  # one JSON body
+
+    (episode,) = await _episodes(s)
+    assert "User: Where do the migrations live?" in episode[2]
+    assert "Assistant: FAKE-ANSWER to: Where do the migrations live?" in episode[2]
