@@ -18,7 +18,7 @@ import pytest
 
 from injectors import tokens
 from memory import turns
-from memory.model import Scope, StoreError, user_ref
+from memory.model import Scope, Store, StoreError, user_ref
 from proxy import memory_wiring as wiring
 from proxy.app import METRICS
 from tests.conftest import SHARED_FIXTURES, ProxyFactory, require_shared
@@ -501,21 +501,36 @@ async def test_a_late_turn_keeps_the_last_requests_blocks_while_the_window_holds
     release.set()
 
 
+async def known_session(backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
+                        ) -> tuple[Session, Store]:
+    """A session whose first turn is stored, and the store its proxy writes."""
+    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
+    s = Session(proxy, upstream)
+    await s.say("Set up the migrations folder.")
+    await runtime(proxy).queue.join()
+    return s, runtime(proxy).store
+
+
+def hold_upserts(store: Store, until: asyncio.Event) -> None:
+    """The store's writes wait for ``until``, then go on."""
+    held_upsert = store.upsert
+
+    async def upsert(memories: Any) -> Any:
+        await until.wait()
+        return await held_upsert(memories)
+
+    store.upsert = upsert  # type: ignore[method-assign]
+
+
 async def test_a_constraint_is_stored_while_its_request_goes_out_and_before_its_answer(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory
 ) -> None:
-    # Working memory is written while recall reads, for a session this process knows, and
-    # while the request goes out: the upstream has the request before the write ends, and the
-    # answer is relayed only once it has (another replica's next request comes after it).
-    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
-    store = runtime(proxy).store
-    held_upsert = store.upsert
+    # Working memory is derived while recall reads and written from the upstream's success
+    # status on: the upstream has the request before the write ends, and the answer ends
+    # only once it has (another replica's next request comes after it).
+    s, store = await known_session(backend, upstream, start_proxy)
     looked = asyncio.Event()
-
-    async def upsert(memories: Any) -> Any:
-        await looked.wait()  # until the upstream has the request
-        return await held_upsert(memories)
-
+    hold_upserts(store, looked)  # until the upstream has the request
     seen: list[list[str]] = []
 
     async def look(request: Any, rec: Any) -> Any:
@@ -524,16 +539,12 @@ async def test_a_constraint_is_stored_while_its_request_goes_out_and_before_its_
         looked.set()
         return await upstream.stream(request, rec)
 
-    s = Session(proxy, upstream)
-    await s.say("Set up the migrations folder.")
-    await runtime(proxy).queue.join()
-    store.upsert = upsert  # type: ignore[method-assign]
     upstream.then(look)
     await s.say("Always use tabs for indentation. Now add the first migration.")
     assert not any("Always use tabs" in text for text in seen[0])  # not waited for
     working = await store.list(None, types=["working"], limit=100)
     assert any("Always use tabs for indentation." in m.text for m in working)  # the answer was
-    registry = proxy.app[METRICS].registry
+    registry = s.proxy.app[METRICS].registry
     assert (registry.get_sample_value("ctxproxy_degraded_total", {"source": "memory"}) or 0) == 0
 
 
@@ -542,23 +553,14 @@ async def test_the_answer_starts_while_working_memory_is_written_and_ends_after_
 ) -> None:
     # The write begins at the upstream's success status; the client's first bytes do not
     # wait for it, the completed event (after which a client sends its next request) does.
-    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
-    store = runtime(proxy).store
-    s = Session(proxy, upstream)
-    await s.say("Set up the migrations folder.")
-    await runtime(proxy).queue.join()
-    held_upsert, release = store.upsert, asyncio.Event()
-
-    async def upsert(memories: Any) -> Any:
-        await release.wait()
-        return await held_upsert(memories)
-
-    store.upsert = upsert  # type: ignore[method-assign]
+    s, store = await known_session(backend, upstream, start_proxy)
+    release = asyncio.Event()
+    hold_upserts(store, release)
     upstream.chunk_delay_s = 0.02  # events apart, as a model streams them
     s.items = [*s.items, codex.text("user", "Always use tabs for indentation. Go on.")]
     hdrs = codex.headers(session_id=s.session_id, turn_id=f"{s.session_id}-t2")
     async with aiohttp.ClientSession() as http, http.post(
-            proxy.url + "/v1/responses", json=codex.request(s.items, s.session_id),
+            s.proxy.url + "/v1/responses", json=codex.request(s.items, s.session_id),
             headers=hdrs) as r:
         first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10)
         assert b"response.created" in first  # relayed while the write is held
@@ -575,13 +577,9 @@ async def test_a_working_memory_write_that_breaks_does_not_break_the_answer(
     backend: Backend, upstream: FakeUpstream, start_proxy: ProxyFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The write goes on while the request is out; a bug in it is logged, and neither the
+    # The write goes on while the answer streams; a bug in it is logged, and neither the
     # turn's memory (the step) nor the answer the upstream gave is lost to it.
-    proxy = await start_proxy(**backend.settings, keep_turns=5, trim_slack=0)
-    store = runtime(proxy).store
-    s = Session(proxy, upstream)
-    await s.say("Set up the migrations folder.")
-    await runtime(proxy).queue.join()
+    s, store = await known_session(backend, upstream, start_proxy)
 
     async def upsert(memories: Any) -> Any:
         raise RuntimeError("a bug in the write")
