@@ -136,11 +136,13 @@ def create_app(
     """
     client_keys = load_client_keys(settings.client_keys)
     # outermost first: a request from a web page is refused before any credential is read
-    middlewares: list[Any] = [access_middleware, gate(settings, client_keys=bool(client_keys))]
+    keyed = bool(client_keys)
+    middlewares: list[Any] = [access_middleware, gate(settings, client_keys=keyed)]
     if client_keys:
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
+    app[ROUTES] = Routes.from_settings(settings, client_keys=keyed)  # for add_passthrough
     app[METRICS] = metrics = Metrics()
     app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
@@ -229,7 +231,6 @@ async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def add_passthrough(app: web.Application) -> None:
     """The catch-all route; added last, after any local routes the other sides mount."""
-    app[ROUTES] = Routes.from_settings(app[SETTINGS])
     app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from config import Settings
-from proxy.auth import load_client_keys
 from proxy.errors import error_response
 
 __all__ = ["ROUTES", "Routes", "refusal", "upstream_path"]
@@ -54,8 +53,8 @@ class Routes:
     rules: tuple[Rule, ...] | None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Routes:
-        if not load_client_keys(settings.client_keys):
+    def from_settings(cls, settings: Settings, *, client_keys: bool) -> Routes:
+        if not client_keys:
             return cls(None)
         listed = [e.strip() for e in (settings.passthrough or "").split(",") if e.strip()]
         return cls(tuple(Rule.parse(e) for e in (*AGENT_ROUTES, *listed)))
