@@ -474,7 +474,7 @@ class MemoryStep:
         keep = task.result().keep
         if keep is None:
             return None
-        if not keep.begun and (writing := keep.begin()) is not None:
+        if (writing := keep.begin()) is not None:  # None once begun
             self._keep(writing)
         return keep.writing
 
