@@ -335,7 +335,7 @@ _CALL_TOOL = re.compile(
     r"<knowledge [^>]*type=\"chat-memory\"[^>]*>.*?<call_tool>(.*?)</call_tool>", re.S)
 
 
-def _chat_memory_call(instructions: str) -> str | None:
+def chat_memory_call(instructions: str) -> str | None:
     """The chat-memory asset's call_tool line in the block, unescaped, if it is there."""
     found = _CALL_TOOL.search(instructions)
     if found is None:
@@ -344,18 +344,23 @@ def _chat_memory_call(instructions: str) -> str | None:
         .replace("&amp;", "&")
 
 
-def _pull_call(line: str, question: str, turn: int) -> Item:
-    """An exec_command that runs the block's line with a search for ``question``."""
+def search_command(line: str, query: str) -> str:
+    """The block's call_tool line as a search of the chat memory for ``query``."""
     argv = shlex.split(line)
     argv[-1] = orjson.dumps({**orjson.loads(argv[-1]), "tool_name": "search",
-                             "params": {"query": question}}).decode()
-    cmd = " ".join(shlex.quote(a) for a in argv)
+                             "params": {"query": query}}).decode()
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _pull_call(line: str, question: str, turn: int) -> Item:
+    """An exec_command that runs the block's line with a search for ``question``."""
+    cmd = search_command(line, question)
     return {"type": "function_call", "status": "completed", "id": f"fc_t{turn:03d}p",
             "name": "exec_command", "call_id": f"{PULL}_t{turn:03d}",
             "arguments": orjson.dumps({"cmd": cmd, "yield_time_ms": 10000}).decode()}
 
 
-async def _run_curl(http: aiohttp.ClientSession, cmd: str) -> str:
+async def run_curl(http: aiohttp.ClientSession, cmd: str) -> str:
     """What the model's shell would print for a block's curl line (POST, -H, -d)."""
     argv = shlex.split(cmd)
     url = next(a for a in argv if a.startswith("http"))
@@ -399,7 +404,7 @@ class ScriptedModel:
         if done == 0 and turn.ask is not None:
             self.recalled[turn.index] = turn.ask.value.encode() in raw
             if self.pull and not pulled and not self.recalled[turn.index]:
-                line = _chat_memory_call(body.get("instructions") or "")
+                line = chat_memory_call(body.get("instructions") or "")
                 if line is not None:
                     return [_reasoning(random.Random(turn.index), f"rs_t{turn.index:03d}p"),
                             _pull_call(line, turn.prompt, turn.index)]
@@ -465,7 +470,7 @@ async def replay(http: aiohttp.ClientSession, base_url: str, session: Session, s
                 clock.now += r.uniform(0.1, 5)  # the tool runs
                 if call["call_id"].startswith(PULL):  # the model searches its memory
                     cmd = orjson.loads(call["arguments"])["cmd"]
-                    printed = await _run_curl(http, cmd)
+                    printed = await run_curl(http, cmd)
                 else:
                     printed = turn.outputs[call["call_id"]]
                 history.append({"type": "function_call_output", "id": f"fco_{call['call_id']}",
@@ -581,7 +586,7 @@ async def serving(app: web.Application, port: int = 0) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -614,7 +619,7 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
         else:
             if strategy.settings.get("team_id") and not strategy.pull:
                 seed_knowledge(data_dir, strategy.settings["team_id"])
-            port = _free_port()  # the block's curl lines name it
+            port = free_port()  # the block's curl lines name it
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
                                      log_level="WARNING", port=port, **strategy.settings)
             async with serving(build_app(settings, clock=clock), port) as proxy_url:

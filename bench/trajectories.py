@@ -1,8 +1,8 @@
 """Real agent runs replayed as Codex sessions, direct and through ctxproxy, with Codex's own
 auto-compaction on the client side; priced by bench/pricing.py.
 
-    python -m bench.trajectories                       # a subset of 20 runs, every strategy
-    python -m bench.trajectories --all                 # all 60 runs
+    python -m bench.trajectories                       # 20 runs of each repository
+    python -m bench.trajectories --repos django --all  # every django run
     python -m bench.trajectories --strategies direct,defaults --strategy k3:KEEP_TURNS=3
 
 The runs in ../shared/trajectories (mini-swe-agent, one shell command per model call) become
@@ -47,7 +47,11 @@ from bench.economics import (
     TOKENIZER,
     Shapes,
     SimClock,
+    chat_memory_call,
+    free_port,
     load_shapes,
+    run_curl,
+    search_command,
     serving,
     strategy_settings,
 )
@@ -177,6 +181,10 @@ class Session:
     tasks: tuple[Task, ...]
     asks: tuple[Ask, ...] = ()
 
+    @property
+    def repo(self) -> str:
+        return repo_of(self.tasks[0].name)
+
     def prompt(self, j: int) -> str:
         asks = [a.question for a in self.asks if a.task == j]
         return "".join(f"{q}\n\n" for q in asks) + self.tasks[j].prompt
@@ -204,6 +212,12 @@ def build_session(tasks: Sequence[Task]) -> Session:
             "the `index` line of its `git diff --cached` show? I need them for the release notes."
         )))
     return Session(kind, thread, tuple(tasks), tuple(asks))
+
+
+def repo_of(task_name: str) -> str:
+    """The repository of a SWE-bench task: ``scikit-learn__scikit-learn-10297`` ->
+    ``scikit-learn``."""
+    return task_name.split("__", 1)[0]
 
 
 def stable_thread(names_: Sequence[str]) -> str:
@@ -253,6 +267,9 @@ class ReplayModel:
     older_seen: int = 0
     older_visible: int = 0
     asks: dict[int, bool] = field(default_factory=dict)  # task -> its fact reached the model
+    # The names of the last request that were not in view, and the chat-memory search line
+    # its knowledge block offered (None: no block): the replay runs the search for each.
+    missed: tuple[list[str], str | None] = ([], None)
     _last: tuple[Any, list[Item]] | None = None
 
     def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
@@ -268,6 +285,8 @@ class ReplayModel:
         self.records.append(Record(e.kind, e.task, cut=cut, memory="_memory>" in text))
         self.names_seen += len(e.names)
         self.names_visible += sum(n in text for n in e.names)
+        self.missed = ([n for n in sorted(e.names) if n not in text],
+                       chat_memory_call(body.get("instructions") or ""))
         self.older_seen += len(e.older)
         self.older_visible += sum(n in text for n in e.older)
         if e.ask is not None:
@@ -335,8 +354,27 @@ def summarise(session: Session, upto: int, step: int, commands: list[str]) -> st
             f"Last command: {last[:400]}\nNext: continue the current task.")
 
 
+@dataclass
+class Searches:
+    """The names a command reused that were not in view, and those a search of the chat memory
+    for the name (the model's first move, were it to miss one) would have brought back."""
+
+    missed: int = 0
+    offered: int = 0  # missed while the knowledge block offered the chat-memory search
+    found: int = 0
+
+    async def run(self, http: aiohttp.ClientSession, names_: list[str], line: str | None) -> None:
+        self.missed += len(names_)
+        if line is None:
+            return
+        for name in names_:
+            self.offered += 1
+            self.found += name in await run_curl(http, search_command(line, name))
+
+
 async def replay(http: aiohttp.ClientSession, url: str, session: Session, shapes: Shapes,
-                 model: ReplayModel, clock: SimClock, compact: AutoCompact) -> list[dict[str, int]]:
+                 model: ReplayModel, clock: SimClock, compact: AutoCompact,
+                 searches: Searches | None = None) -> list[dict[str, int]]:
     """Play the session as Codex would; returns the usage the client saw per request."""
     r = random.Random(session.thread)
     history = context(shapes, session.tasks[0].system)
@@ -356,6 +394,9 @@ async def replay(http: aiohttp.ClientSession, url: str, session: Session, shapes
             output, usage = read_answer(await resp.read())
         seen.append(usage)
         compact.seen(usage["input"])
+        missed, model.missed = model.missed, ([], None)
+        if searches is not None and missed[0]:
+            await searches.run(http, *missed)
         clock.now += r.uniform(2, 20)  # the model thinks
         return output
 
@@ -421,7 +462,8 @@ def strategy(spec: str) -> Strategy:
 DIRECT = Strategy("direct", None, "Codex straight to the provider")
 # The fixed-window strategies of issue 10's first measurement, for comparison with the
 # defaults; a preset naming a setting this checkout lacks is skipped with a warning.
-PRESETS = {"defaults": "defaults:", "fixed": "fixed:WINDOW_POLICY=fixed",
+PRESETS = {"defaults": "defaults:", "team": "team:TEAM_ID=bench-team",
+           "fixed": "fixed:WINDOW_POLICY=fixed",
            "fixed-k2s0": "fixed-k2s0:WINDOW_POLICY=fixed,KEEP_TURNS=2,TRIM_SLACK=0",
            "fixed-k5s0": "fixed-k5s0:WINDOW_POLICY=fixed,KEEP_TURNS=5,TRIM_SLACK=0",
            "fixed-k2at120k": "fixed-k2at120k:WINDOW_POLICY=fixed,KEEP_TURNS=2,"
@@ -441,6 +483,7 @@ class Run:
     older_visible: int
     asks: dict[int, bool]
     seconds: float
+    searches: Searches = field(default_factory=Searches)
 
     def cost(self, cached_price: float = CACHED_PRICE) -> float:
         return sum(b.input_tokens - b.cached_tokens + cached_price * b.cached_tokens
@@ -455,15 +498,18 @@ async def run_one(strategy_: Strategy, session: Session, shapes: Shapes, data_di
     compact = AutoCompact(limit=limit)
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=600)
+    searches = Searches()
     async with serving(upstream.app()) as up_url, aiohttp.ClientSession(timeout=timeout) as http:
         if strategy_.settings is None:
-            seen = await replay(http, up_url + "/v1", session, shapes, model, clock, compact)
+            seen = await replay(http, up_url + "/v1", session, shapes, model, clock, compact,
+                                searches)
         else:
+            port = free_port()  # the knowledge block's curl lines name it
             settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
-                                     log_level="WARNING", **strategy_.settings)
-            async with serving(build_app(settings)) as proxy_url:
+                                     log_level="WARNING", port=port, **strategy_.settings)
+            async with serving(build_app(settings, clock=clock), port) as proxy_url:
                 seen = await replay(http, proxy_url + "/v1", session, shapes, model, clock,
-                                    compact)
+                                    compact, searches)
     for record, bill in zip(model.records, upstream.bills, strict=True):
         record.input_tokens, record.cached_tokens = bill.input_tokens, bill.cached_tokens
     billed = [{"input": r.input_tokens, "cached": r.cached_tokens}
@@ -472,38 +518,47 @@ async def run_one(strategy_: Strategy, session: Session, shapes: Shapes, data_di
         raise RuntimeError(f"{strategy_.name}: usage seen by the client differs from the bill")
     return Run(strategy_, session, upstream.bills, model.records, compact.count,
                model.names_seen, model.names_visible, model.older_seen, model.older_visible,
-               model.asks, time.perf_counter() - started)
+               model.asks, time.perf_counter() - started, searches)
 
 
 # --- the report -------------------------------------------------------------------------------
 
 
 def table(runs: Sequence[Run]) -> str:
-    """One row per (session kind, strategy), summed over that kind's sessions."""
-    groups: dict[tuple[str, str], list[Run]] = {}
+    """One row per (repository, session kind, strategy), summed over that group's sessions;
+    the costliest session is the highest of its sessions' costs against direct's own."""
+    groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
-        groups.setdefault((run.session.kind, run.strategy.name), []).append(run)
-    rows = ["| sessions | strategy | requests | input tokens | cached | cost vs direct "
-            "| cuts (prefix breaks) | client compactions | largest request | with memory "
-            "| sufficiency | of it, from earlier tasks | earlier-task facts |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for (kind, name), group in groups.items():
-        base = groups.get((kind, DIRECT.name))
+        groups.setdefault((run.session.repo, run.session.kind, run.strategy.name), []).append(run)
+    direct = {run.session.thread: run.cost() for run in runs if run.strategy.settings is None}
+    rows = ["| repository | sessions | strategy | requests | input tokens | cached "
+            "| cost vs direct | costliest session | cuts (prefix breaks) | client compactions "
+            "| largest request | with memory | sufficiency | of it, from earlier tasks "
+            "| misses a search finds | earlier-task facts |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (repo, kind, name), group in groups.items():
+        base = groups.get((repo, kind, DIRECT.name))
         bills = [b for run in group for b in run.bills]
         total, cached = sum(b.input_tokens for b in bills), sum(b.cached_tokens for b in bills)
         ratio = (f"{sum(r.cost() for r in group) / sum(r.cost() for r in base):.2f}x"
                  if base else "-")
+        dearest = max((r.cost() / direct[r.session.thread] for r in group
+                       if direct.get(r.session.thread)), default=None)
         seen_, visible = sum(r.names_seen for r in group), sum(r.names_visible for r in group)
         older, older_ok = sum(r.older_seen for r in group), sum(r.older_visible for r in group)
+        offered = sum(r.searches.offered for r in group)
+        found = sum(r.searches.found for r in group)
         asks = [ok for r in group for ok in r.asks.values()]
         rows.append(
-            f"| {kind} ({len(group)}) | {name} | {len(bills):,} | {total:,} "
+            f"| {repo} | {kind} ({len(group)}) | {name} | {len(bills):,} | {total:,} "
             f"| {cached / max(total, 1):.0%} | {ratio} "
+            f"| {'-' if dearest is None else f'{dearest:.4f}x'} "
             f"| {sum(x.cut for r in group for x in r.records)} "
             f"| {sum(r.compactions for r in group)} | {max(b.input_tokens for b in bills):,} "
             f"| {sum(x.memory for r in group for x in r.records) / len(bills):.0%} "
             f"| {visible / max(seen_, 1):.1%} ({visible:,}/{seen_:,}) "
             f"| {f'{older_ok / older:.0%} ({older_ok}/{older})' if older else '-'} "
+            f"| {f'{found}/{offered}' if offered else '-'} "
             f"| {f'{sum(asks)}/{len(asks)}' if asks else '-'} |")
     return "\n".join(rows)
 
@@ -556,6 +611,10 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
            seconds: float, command: str) -> str:
     steps = sorted(len(t.steps) for t in tasks)
     kinds = ", ".join(dict.fromkeys(f"{r.session.kind}" for r in runs))
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[repo_of(t.name)] = counts.get(repo_of(t.name), 0) + 1
+    repos = ", ".join(f"{n} of {repo}" for repo, n in counts.items())
     strategies = "; ".join(dict.fromkeys(f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return "\n".join([
@@ -565,9 +624,14 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         f"run time {seconds:.0f} s."
         + (f" Plot: `bench/{args.plot.name}`." if args.plot is not None else ""),
         "",
-        f"Runs: {len(tasks)} of ../shared/trajectories ({'all' if args.all else 'a subset'}; "
+        f"Runs: {len(tasks)} of ../shared/trajectories ({repos}; "
+        f"{'all' if args.all else 'held out' if args.held_out else 'a subset'}; "
         f"model calls per run: median {steps[len(steps) // 2]}, max {steps[-1]}), replayed as "
-        f"Codex sessions of {kinds} (the number of sessions in brackets). Each model call is one "
+        f"Codex sessions of {kinds} of one repository (the number of sessions in brackets); "
+        + ("each session with a store of its own. " if args.scope == "session" else
+           "one user: the sessions of a repository and kind share one store and memory scope, "
+           "in order. ")
+        + "Each model call is one "
         "request: reasoning item (encrypted content), `exec_command` call, its output in "
         "Codex's format; the task's end is one more request with a closing answer. Prices: "
         "`bench/pricing.py` (input tokens only, cached at 10%, cache TTL "
@@ -585,7 +649,10 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         "the names seen only in earlier tasks, not yet in this one. *with memory*: requests that "
         "carried a memory block (`..._memory>`). *earlier-task facts*: later "
         "tasks ask for the blob hashes of an earlier task's submitted patch; reached = the "
-        "value was in the forwarded request that asked.",
+        "value was in the forwarded request that asked. *costliest session*: the highest "
+        "cost against direct's of one session. *misses a search finds*: of the names not in "
+        "view while the knowledge block offered the chat-memory search, those a search for "
+        "the name (the model's first move) brings back.",
         "",
         f"Strategies: {strategies}.",
         "",
@@ -597,20 +664,33 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
 
 
 def select(paths: Sequence[Path], all_: bool, count: int, held_out: bool = False) -> list[Path]:
-    """A spread of the runs by name (every k-th), or all of them; ``held_out``: the runs the
-    spread leaves out (to check that a default chosen on the spread holds elsewhere)."""
-    if all_ or count >= len(paths):
-        return list(paths)
-    stride = len(paths) / count
-    spread = [paths[int(i * stride)] for i in range(count)]
-    return [p for p in paths if p not in spread] if held_out else spread
+    """A spread of each repository's runs by name (every k-th, ``count`` of each), or all of
+    them; ``held_out``: the runs the spread leaves out (to check that a default chosen on the
+    spread holds elsewhere)."""
+    by_repo: dict[str, list[Path]] = {}
+    for p in paths:
+        by_repo.setdefault(repo_of(p.name), []).append(p)
+    chosen: list[Path] = []
+    for group in by_repo.values():
+        if all_ or count >= len(group):
+            chosen += group
+            continue
+        stride = len(group) / count
+        spread = [group[int(i * stride)] for i in range(count)]
+        chosen += [p for p in group if p not in spread] if held_out else spread
+    return chosen
 
 
 def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
+    """Sessions of ``n`` tasks in a row of one repository, for each ``n`` of ``kinds``."""
+    by_repo: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_repo.setdefault(repo_of(task.name), []).append(task)
     out = []
-    for n in kinds:
-        for start in range(0, len(tasks) - n + 1, n):
-            out.append(build_session(tasks[start : start + n]))
+    for group in by_repo.values():
+        for n in kinds:
+            for start in range(0, len(group) - n + 1, n):
+                out.append(build_session(group[start : start + n]))
     return out
 
 
@@ -626,11 +706,17 @@ async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Ru
     with tempfile.TemporaryDirectory(prefix="ctxproxy-traj-") as tmp:
         for session in sessions_of(tasks, [int(k) for k in args.sessions.split(",")]):
             for s in strategies:
-                data_dir = Path(tmp) / f"{s.name}-{session.thread}"
+                # One user: the sessions of a repository and kind share one store and scope,
+                # in order, so later sessions may recall earlier ones (--scope session: each
+                # session alone).
+                where = (session.thread if args.scope == "session"
+                         else f"{session.repo}-{len(session.tasks)}")
+                data_dir = Path(tmp) / f"{s.name}-{where}"
                 run = await run_one(s, session, shapes, data_dir, ttl_s=args.ttl,
                                     limit=args.limit)
-                print(f"  {session.kind:9s} {s.name:9s} {len(run.bills):4d} requests "
-                      f"{run.compactions} compactions {run.seconds:6.1f}s", file=sys.stderr)
+                print(f"  {session.repo:12s} {session.kind:9s} {s.name:9s} "
+                      f"{len(run.bills):4d} requests {run.compactions} compactions "
+                      f"{run.seconds:6.1f}s", file=sys.stderr)
                 runs.append(run)
     return runs
 
@@ -639,11 +725,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=TRAJECTORIES, help="trajectory folder")
     parser.add_argument("--all", action="store_true", help="every run, not a subset")
-    parser.add_argument("--count", type=int, default=20, help="runs in the subset")
+    parser.add_argument("--repos", default=None,
+                        help="comma-separated repositories (django, matplotlib, "
+                             "scikit-learn); default: every one in --runs")
+    parser.add_argument("--count", type=int, default=20,
+                        help="runs of each repository in the subset")
+    parser.add_argument("--scope", choices=("user", "session"), default="user",
+                        help="user: a repository's sessions of one kind share one store and "
+                             "scope, in order; session: each session its own")
     parser.add_argument("--held-out", action="store_true",
                         help="the runs the subset leaves out, instead of the subset")
-    parser.add_argument("--sessions", default="1,5,10", help="tasks per session, comma-separated")
-    parser.add_argument("--strategies", default=",".join(("direct", *PRESETS)),
+    parser.add_argument("--sessions", default="1,10", help="tasks per session, comma-separated")
+    parser.add_argument("--strategies", default="direct,defaults",
                         help=f"comma-separated, of: direct, {', '.join(PRESETS)}")
     parser.add_argument("--strategy", action="append", default=[], metavar="NAME:K=V,K=V",
                         help="an extra proxy strategy: the defaults with these settings")
@@ -660,8 +753,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.runs.is_dir():
         sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
     logging.basicConfig(level=logging.WARNING)
-    paths = select(sorted(args.runs.glob("*.traj.json")), args.all, args.count,
-                   args.held_out)
+    paths = sorted(args.runs.glob("*.traj.json"))
+    if args.repos:
+        wanted = set(args.repos.split(","))
+        paths = [p for p in paths if repo_of(p.name) in wanted]
+    paths = select(paths, args.all, args.count, args.held_out)
     tasks = [load_task(p) for p in paths]
     started = time.perf_counter()
     runs = asyncio.run(main_async(args, tasks))

@@ -239,6 +239,15 @@ class Settings(BaseSettings):
         "command that printed it) must hold for it to be recalled; a turn with no such "
         "memory gets no recall block (0: recall the best matches whatever they share).",
     )
+    recall_elsewhere_min_score: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Share of the whole prompt's words (not of one question in a long "
+        "prompt) one line of an earlier turn of another session must hold to be recalled "
+        "(a memory named by id aside): a new task's prompt shares some words with any earlier "
+        "task's turn by chance, and a block that shows it costs tokens on every request.",
+    )
     memory_tokens: int = Field(1200, ge=0, description="Token budget of the memory blocks.")
     memory_placement: Literal["split", "instructions"] = Field(
         "split",

@@ -49,7 +49,10 @@ class KnowledgeStep:
             return
         assets = list(await self.discovery.assets(who.team_id, who.agent_id, who.user_key))
         capabilities = self._capabilities(who, assets)
-        if self.local is not None and self.capability is not None:
+        # The chat memory is listed once the window has cut this session: before that all of
+        # it is in view, and a listing on every request of a session that never needs it
+        # costs more than the session's cut would save.
+        if self.local is not None and self.capability is not None and ex.first_turn:
             now = self._clock()
             for asset, grant in self.local.listed(who):
                 assets.append(asset)

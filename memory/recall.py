@@ -46,6 +46,7 @@ from memory.snippets import (
     lines_of,
     questions,
     snippet,
+    whole_match,
 )
 
 __all__ = [
@@ -256,9 +257,14 @@ class Recaller:
         embedder: Embedder | None = None,
         query_timeout_s: float = 0.3,
         min_similarity: float = 0.2,
+        elsewhere_min_score: float = 0.0,
         on_degraded: Callable[[Exception], None] = lambda exc: None,
     ) -> None:
         self._store = store
+        # What a turn of another session must match, of the whole question's words, to be
+        # recalled: most of what a new task's prompt shares with an unrelated task's turn is
+        # chance.
+        self.elsewhere_min_score = elsewhere_min_score
         self._embedder = embedder
         self._query_timeout_s = query_timeout_s
         self.min_similarity = min_similarity
@@ -528,6 +534,9 @@ class Recaller:
             match = matched(memory)
             near = c.similarity is not None and c.similarity >= self.min_similarity
             if c.relevance < MENTIONED and match < min_score and not near:
+                return None
+            if (c.relevance < MENTIONED and memory.session_id and memory.session_id != session
+                    and whole_match(memory.text, query) < self.elsewhere_min_score):
                 return None
             if near and match < min_score and c.span is not None:
                 # Found by meaning, not by the question's words: show the chunk that matched.

@@ -74,6 +74,7 @@ class Snippet:
 
 
 _NONE: frozenset[str] = frozenset()
+CLIPPED_ECHO_CHARS = 40  # a clipped line this long names the line it was cut from
 
 
 def _line_words(text: str, wanted: AbstractSet[str]) -> list[frozenset[str]]:
@@ -81,7 +82,12 @@ def _line_words(text: str, wanted: AbstractSet[str]) -> list[frozenset[str]]:
     return _words_by_line(_parse(text), wanted)
 
 
-def _words_by_line(parsed: _Text, wanted: AbstractSet[str]) -> list[frozenset[str]]:
+def _words_by_line(
+    parsed: _Text, wanted: AbstractSet[str], echoed: AbstractSet[str] = _NONE
+) -> list[frozenset[str]]:
+    """For each line of ``parsed``, the ``wanted`` words it holds; none for a line that is one
+    of the question's own (``echoed``: its lines, lowered and stripped): the question has it
+    in view already, so it says nothing about what the question needs."""
     out = [_NONE] * len(parsed.lines)
     found: dict[int, set[str]] = {}
     if len(wanted) <= FIND_WORDS or (parsed.index is None and not parsed.asked_long):
@@ -93,9 +99,20 @@ def _words_by_line(parsed: _Text, wanted: AbstractSet[str]) -> list[frozenset[st
     for word in wanted:
         for n in lines_with(word):
             found.setdefault(n, set()).add(word)
+    low_lines, labels = parsed.low_lines, parsed.labels
     for n, words in found.items():
-        out[n] = frozenset(words)
+        if not echoed or not _echoes(low_lines[n][labels[n]:].strip(), echoed):
+            out[n] = frozenset(words)
     return out
+
+
+def _echoes(line: str, echoed: AbstractSet[str]) -> bool:
+    """Whether ``line`` is one of the ``echoed`` lines, or the start of one that memory
+    clipped (a long prompt is stored up to a length: its last line ends in '…')."""
+    if line in echoed:
+        return True
+    stem = line[:-1] if line.endswith("…") else ""
+    return len(stem) >= CLIPPED_ECHO_CHARS and any(e.startswith(stem) for e in echoed)
 
 
 # The labels memory.turns.render starts an entry's line with (lowered): our words, not the
@@ -267,6 +284,7 @@ class _Asked:
 
     order: tuple[str, ...]
     parts: tuple[frozenset[str], ...]
+    lines: frozenset[str]  # the query's own lines, lowered and stripped
 
 
 QUERIES_MEMO = 1024  # a pick asks each of its candidates the same question
@@ -289,7 +307,9 @@ def _asked(query: str) -> _Asked:
     if asked is None:
         order = tuple(terms(query))
         asked = _Asked(order, (frozenset(order),
-                               *(frozenset(terms(q)) for q in questions(query))))
+                               *(frozenset(terms(q)) for q in questions(query))),
+                       frozenset(filter(None, (line.strip() for line in
+                                               query.lower().split("\n")))))
         with _asked_lock:
             _asked_memo[key] = asked
     _last_asked = (query, asked)
@@ -327,8 +347,9 @@ def line_matches(text: str, query: str) -> list[float]:
     it: the share of the question's words it holds with the call that printed it (for a long
     prompt, of the words of the question it answers best)."""
     parsed = _parse(text)
-    parts = _asked(query).parts
-    words_of = _words_by_line(parsed, parts[0])
+    asked = _asked(query)
+    parts = asked.parts
+    words_of = _words_by_line(parsed, parts[0], asked.lines)
     best = [0.0] * len(parsed.lines)
     for part in parts:
         matches = _line_matches([ws & part for ws in words_of], parsed.contexts, part)
@@ -360,7 +381,7 @@ def _best(text: str, query: str) -> _Best:
     asked = _asked(query)
     order = list(asked.order)
     parsed = _parse(text)
-    words_of = _words_by_line(parsed, asked.parts[0])
+    words_of = _words_by_line(parsed, asked.parts[0], asked.lines)
     # A long prompt is answered by one of its questions: the memory matches as well as it
     # matches the question it answers best, and shows the lines for that question.
     best = 0.0
@@ -374,6 +395,16 @@ def _best(text: str, query: str) -> _Best:
     found = _Best(parsed, best, tuple(order), tuple(words_of))
     _last_best = (text, query, found)
     return found
+
+
+def whole_match(text: str, query: str) -> float:
+    """The share of the whole query's words the best line of ``text`` holds (with the call
+    that printed it), not of one of a long prompt's questions: a long prompt's question may be
+    a few words any text holds, so this asks more of a text the question is less sure of."""
+    parsed = _parse(text)
+    asked = _asked(query)
+    words_of = _words_by_line(parsed, asked.parts[0], asked.lines)
+    return _match(words_of, parsed.contexts, asked.parts[0])
 
 
 def best_match(text: str, query: str) -> float:

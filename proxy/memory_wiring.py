@@ -144,6 +144,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         embedder=embedder,
         query_timeout_s=settings.embeddings_timeout_ms / 1000,
         min_similarity=settings.embeddings_min_similarity,
+        elsewhere_min_score=settings.recall_elsewhere_min_score,
         on_degraded=lambda exc: health.failed("embeddings", exc),
     )
     memory_step = MemoryStep(

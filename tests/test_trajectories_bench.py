@@ -135,7 +135,12 @@ def test_a_strategy_naming_no_setting_is_refused() -> None:
 def test_the_shared_runs_load_as_tasks() -> None:
     paths = sorted(bench.TRAJECTORIES.glob("*.traj.json"))
     tasks = [bench.load_task(p) for p in bench.select(paths, False, 10)]
-    assert len(tasks) == 10
+    repos = [bench.repo_of(t.name) for t in tasks]
+    assert {r: repos.count(r) for r in repos} == {
+        "django": 10, "matplotlib": 10, "scikit-learn": 10}  # a spread of each repository
+    held_out = bench.select(paths, False, 10, held_out=True)
+    assert len(held_out) == len(paths) - 30 and not {p.name for p in held_out} & {
+        t.name + ".traj.json" for t in tasks}
     assert all(t.steps and t.steps[0].command for t in tasks)
     assert bench.build_session(tasks[:5]).asks  # at least one earlier patch can be asked for
 
@@ -164,6 +169,7 @@ def test_no_write_leaves_the_results_and_the_figure_alone(
 
 @pytest.mark.parametrize("plot", [None, Path("trajectories.png")])
 def test_the_report_names_the_plot_only_when_one_is_made(plot: Path | None) -> None:
-    args = argparse.Namespace(plot=plot, all=False, ttl=600.0, limit=220_000)
+    args = argparse.Namespace(plot=plot, all=False, held_out=False, scope="user", ttl=600.0,
+                              limit=220_000)
     text = bench.report([], [Task("t", "system", "prompt", ())], args, 1.0, "cmd")
     assert ("Plot: `bench/trajectories.png`." in text) == (plot is not None)

@@ -219,10 +219,18 @@ def test_identity_reaches_the_upstream_but_the_user_key_does_not(thread: Thread)
 def test_every_request_carries_the_bound_wikis_knowledge_block(thread: Thread) -> None:
     if not thread.has_step("knowledge"):
         pytest.skip("knowledge/wiring.py returns no pipeline step yet")
-    blocks = {knowledge_block(r.json) for r in thread.requests}
-    assert len(blocks) == 1  # the same bytes every turn: the provider's prompt cache holds
-    block = blocks.pop()
-    assert f'id="{thread.wiki_id}"' in block
+    blocks = [knowledge_block(r.json) for r in thread.requests]
+    # The same bytes every request until the window's first cut, and from it on the same
+    # bytes again with the chat memory listed (only then is any of it out of view).
+    changes = [n for n in range(1, len(blocks)) if blocks[n] != blocks[n - 1]]
+    assert len(changes) == 1, changes
+    before, after = blocks[changes[0] - 1], blocks[changes[0]]
+    cut = changes[0]
+    assert "chat_memory-" not in before and "chat_memory-" in after
+    earlier, now = thread.requests[cut - 1].json["input"], thread.requests[cut].json["input"]
+    assert now[: len(earlier)] != earlier  # the window cut here: the history did not extend
+    block = after
+    assert f'id="{thread.wiki_id}"' in block and f'id="{thread.wiki_id}"' in before
     assert f'name="{WIKI_NAME}"' in block
     assert "/tools/list" in block and "/tools/call" in block
 

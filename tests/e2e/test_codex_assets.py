@@ -34,6 +34,8 @@ PROMPTS = [
     "Summarise where we are in one line.",
     '[asset code-graph search_symbols] {"query": "parse_config"}',
     '[asset code-graph get_definition] {"name": "parse_config"}',
+    "Summarise it again, shorter.",
+    # The sixth turn: the window cuts the first (it keeps 5), so the chat memory is listed.
     '[asset chat-memory search] {"query": "staging database port"}',
 ]
 

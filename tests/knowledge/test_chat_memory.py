@@ -43,6 +43,13 @@ def with_call(line: str, tool: str, params: dict[str, Any]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
+async def past_a_cut(s: Session, turns: int = 6) -> None:
+    """Enough turns that the window has cut (it keeps 5): the chat memory is listed from the
+    session's first cut on, when some of it is out of view."""
+    for n in range(turns):
+        await s.say(f"Small step {n} of the chore.")
+
+
 async def session_with_fact(proxy: Running, upstream: FakeUpstream, who: dict[str, str],
                             session_id: str) -> Session:
     s = Session(proxy, upstream, session_id=session_id, headers=who)
@@ -91,6 +98,10 @@ async def test_the_block_is_the_same_bytes_across_a_session(
     proxy: Running, upstream: FakeUpstream
 ) -> None:
     s = Session(proxy, upstream, session_id="sess-b", headers=WHO)
+    await s.say("turn 0")
+    early = block_of(upstream)  # nothing is out of view yet: not listed
+    assert early is None or "chat_memory-" not in etree.tostring(early).decode()
+    await past_a_cut(s)
     blocks = []
     for n in range(3):
         await s.say(f"turn {n}")
@@ -98,6 +109,17 @@ async def test_the_block_is_the_same_bytes_across_a_session(
         assert block is not None
         blocks.append(etree.tostring(chat_memory(block)))
     assert len(set(blocks)) == 1
+
+
+async def test_not_listed_before_the_sessions_first_cut(
+    proxy: Running, upstream: FakeUpstream
+) -> None:
+    s = Session(proxy, upstream, session_id="sess-early", headers=WHO)
+    for n in range(5):
+        await s.say(f"turn {n}")
+        assert block_of(upstream) is None  # no other asset, and the chat memory not yet
+    await s.say("turn 5")  # the sixth: the window cuts the first
+    chat_memory(block_of(upstream))
 
 
 async def test_another_users_capability_never_reads_this_users_memory(
@@ -111,6 +133,7 @@ async def test_another_users_capability_never_reads_this_users_memory(
 
     bob = Session(proxy, upstream, session_id="sess-bob", headers={**WHO,
                                                                    "x-tdai-user-key": "uk-bob"})
+    await past_a_cut(bob)
     await bob.say("What port does staging use?")
     bob_call = chat_memory(block_of(upstream)).findtext("call_tool") or ""
     # The same asset id, but Bob's capability grants Bob's scope: Alice's memory is not there.
@@ -133,7 +156,7 @@ async def test_no_capability_no_answer_and_bad_calls_are_clear(
     proxy: Running, upstream: FakeUpstream
 ) -> None:
     s = Session(proxy, upstream, session_id="sess-c", headers=WHO)
-    await s.say("hello")
+    await past_a_cut(s)
     call = chat_memory(block_of(upstream)).findtext("call_tool") or ""
     argv = [a for a in shlex.split(call)]
     at = next(i for i, a in enumerate(argv) if a.startswith("x-ctxproxy-capability"))
