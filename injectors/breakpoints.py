@@ -17,7 +17,9 @@ from typing import Any
 
 from request import Exchange, Item, is_context, is_message
 
-__all__ = ["MARK_KEY", "MAX_MARKS", "Breakpoints", "client_marks", "context_end", "place"]
+__all__ = [
+    "MARK_KEY", "MAX_MARKS", "Breakpoints", "client_marks", "context_end", "place", "unmarked",
+]
 
 MARK_KEY = "prompt_cache_breakpoint"
 MAX_MARKS = 3  # explicit marks a request may carry
@@ -30,8 +32,8 @@ _FILLED = {
 }
 
 
-def _parts(item: Item) -> list[Any]:
-    content = item.get("content") if is_message(item) else None
+def _parts(item: Any) -> list[Any]:
+    content = item.get("content") if isinstance(item, dict) and is_message(item) else None
     return content if isinstance(content, list) else []
 
 
@@ -92,6 +94,15 @@ def place(items: Sequence[Item], wanted: Sequence[int]) -> list[Item] | None:
     for i, at in add:
         out[i] = _with_part(out[i], at, {**out[i]["content"][at], MARK_KEY: {"mode": "explicit"}})
     return out
+
+
+def unmarked(item: Any) -> Any:
+    """``item`` without breakpoint marks (the same object when it has none)."""
+    if not isinstance(item, dict) or not any(_marked(part) for part in _parts(item)):
+        return item
+    content = [{k: v for k, v in part.items() if k != MARK_KEY} if _marked(part) else part
+               for part in item["content"]]
+    return {**item, "content": content}
 
 
 def _with_part(item: Item, at: int, part: dict[str, Any]) -> Item:

@@ -12,6 +12,7 @@ import pytest
 
 from config import load_settings
 from injectors.breakpoints import MARK_KEY, client_marks, context_end, place
+from proxy.explain import explain, render
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -209,3 +210,15 @@ def test_the_default_breakpoint_models() -> None:
     prefix = ["gpt-5", "gpt-5.5", "gpt-5.1-codex", "gpt-4.1", "gpt-5-mini", "fake-model"]
     assert [m for m in follow + prefix if settings.follows_breakpoints(m)] == follow
     assert not load_settings(env={"CTXPROXY_BREAKPOINT_MODELS": ""}).follows_breakpoints(MODEL)
+
+
+async def test_explain_counts_the_marks_and_no_marked_item_as_added(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    proxy = await start_proxy(memory_enabled=False, **CUT_EVERY_TURN)
+    raw = orjson.dumps(codex.request(steady_session(4), model=MODEL))
+    report = explain(raw, await forwarded(proxy.url, upstream, orjson.loads(raw)))
+    assert report["breakpoints"] == 2
+    added = [a["item"].split(":")[0] for a in report["items_added"]]
+    assert added == ["message/developer"]  # the digest alone: the marked context is not new
+    assert "cache breakpoints marked: 2" in render(report)
