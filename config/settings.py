@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -19,6 +20,8 @@ STORE_SCHEMES = ("postgresql://", "postgres://")
 SERVICE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
 _NUMBER = r"\d+(?:\.\d+)?"
 _PRICE = re.compile(rf"^[^=,\s][^=,]*={_NUMBER}/{_NUMBER}(?:/{_NUMBER})?$")
+# OpenAI's gpt-5.6 and later, gpt-6 and later (any suffix): not gpt-5, gpt-5.5, gpt-5.1-codex.
+BREAKPOINT_MODELS = r"gpt-(?:5\.(?:[6-9]|[1-9]\d+)|(?:[6-9]|[1-9]\d+)(?:\.\d+)?)(?:-.+)?"
 # One CTXPROXY_PASSTHROUGH entry: a method (or *), then a path whose only * ends it.
 _ROUTE = re.compile(r"^(?:\*|[A-Za-z]+)[ \t]+/[^\s*]*\*?$")
 
@@ -154,7 +157,22 @@ class Settings(BaseSettings):
     cache_write_ratio: float = Field(
         1.0, ge=0,
         description="The provider's price of writing a token to its prompt cache, as a share "
-        "of an input token's (1.25 where writes cost extra; cost policy).",
+        "of an input token's (1.25 where writes cost extra; cost policy), for models that "
+        "cache any prefix (not BREAKPOINT_MODELS).",
+    )
+    breakpoint_models: str = Field(
+        BREAKPOINT_MODELS,
+        description="A regular expression matched against a request's whole model name: the "
+        "models that cache a prompt only at its breakpoints (the end of the prompt and up to "
+        "three marked content parts; OpenAI's gpt-5.6 and later). For them the proxy marks "
+        "the end of the agent's context and of the blocks it puts before the first forwarded "
+        "turn, and the window prices a cut by BREAKPOINT_WRITE_RATIO; empty: no model.",
+    )
+    breakpoint_write_ratio: float = Field(
+        1.25, ge=0,
+        description="The price of writing a token to the prompt cache of BREAKPOINT_MODELS, "
+        "as a share of an input token's (cost policy, and the ledger's prices of those "
+        "models when CTXPROXY_PRICES gives no write price).",
     )
     trim_slack: int = Field(
         5,
@@ -385,6 +403,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is not model=input/cached[/cache-write]")
         return value or None
 
+    @field_validator("breakpoint_models")
+    @classmethod
+    def _model_pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
     @field_validator("passthrough")
     @classmethod
     def _routes_format(cls, value: str | None) -> str | None:
@@ -410,6 +437,11 @@ class Settings(BaseSettings):
             )
         return self
 
+    def follows_breakpoints(self, model: object) -> bool:
+        """Whether ``model`` (a request's ``model``) caches only at breakpoints."""
+        pattern = _pattern(self.breakpoint_models)
+        return isinstance(model, str) and pattern.fullmatch(model) is not None
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
@@ -421,6 +453,12 @@ class Settings(BaseSettings):
             return self.public_url
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
+
+
+@functools.lru_cache(maxsize=8)
+def _pattern(value: str) -> re.Pattern[str]:
+    # Empty: no model (not the empty name).
+    return re.compile(value or r"(?!)")
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

@@ -46,7 +46,7 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
     except LedgerError as exc:
         print(f"ctxproxy stats: cannot read the request rows: {exc}", file=sys.stderr)
         return 1
-    report = stats(totals, Prices.from_setting(settings.prices), by=args.by,
+    report = stats(totals, Prices.from_settings(settings), by=args.by,
                    since=since, session=args.session)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
@@ -87,9 +87,11 @@ def _table(report: dict[str, Any], args: argparse.Namespace) -> None:
         return
     table = Table(title=f"ctxproxy: requests since {args.since}, by {args.by}",
                   caption="Tokens: sent by the client, forwarded upstream, cached by the "
-                  "upstream. Costs: input only, USD; direct is an estimate (see --help).")
+                  "upstream, written to its cache (where it reports them). Costs: input only, "
+                  "USD; direct is an estimate (see --help).")
     table.add_column(args.by)
-    for name in ("requests", "sent", "forwarded", "cached", "direct cost", "proxy cost",
+    for name in ("requests", "sent", "forwarded", "cached", "written", "direct cost",
+                 "proxy cost",
                  "saving", "cut", "masked", "recalled", "degraded"):
         table.add_column(name, justify="right")
     for row in [*rows, report["total"]]:
@@ -107,7 +109,8 @@ def cells(row: dict[str, Any]) -> list[str]:
         saving += f" ({row['saving_share']:.0%})"
     return [
         str(row["key"]), f"{row['requests']:,}", tokens(row["client_tokens"]), forwarded,
-        percent(row["cached_share"]), usd(row["cost_direct"]), usd(row["cost_proxy"]), saving,
+        percent(row["cached_share"]), percent(row["cache_write_share"]),
+        usd(row["cost_direct"]), usd(row["cost_proxy"]), saving,
         f"{row['items_cut']:,}", f"{row['outputs_masked']:,}", f"{row['recalled']:,}",
         f"{row['degraded']:,}",
     ]

@@ -24,7 +24,8 @@ class Record:
 
     Tokens are counted off the request path: ``client_tokens`` is the client's own body,
     ``forwarded_tokens`` what went upstream (both with the proxy's tokenizer). ``input_tokens``
-    and ``cached_tokens`` are the upstream's own report (None when it gave none).
+    and ``cached_tokens`` are the upstream's own report (None when it gave none), and
+    ``cache_write_tokens`` too, from the models that price cache writes apart.
     ``direct_input`` and ``direct_cached`` are the counterfactual: the same request sent
     directly, on the upstream's scale (see ledger/counterfactual.py); None without a report.
     """
@@ -43,6 +44,7 @@ class Record:
     input_tokens: int | None = None
     cached_tokens: int | None = None
     output_tokens: int | None = None
+    cache_write_tokens: int | None = None  # None: the upstream reported none
     direct_input: int | None = None
     direct_cached: int | None = None
     turns_in: int | None = None
@@ -78,6 +80,7 @@ class Totals:
     outputs_masked: int = 0
     recalled: int = 0
     degraded: int = 0  # requests with a degraded step
+    cache_write_tokens: int = 0  # last of the sums: schema version 4 added it
     first_at: float = 0.0
     last_at: float = 0.0
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from config import Settings
 
 __all__ = ["DEFAULT_PRICES", "Price", "Prices", "parse_prices"]
 
@@ -19,19 +21,29 @@ class Price:
     cached: float
     write: float
 
-    def cost(self, input_tokens: int, cached_tokens: int) -> float:
+    def cost(self, input_tokens: int, cached_tokens: int, written: int | None = None) -> float:
         """What a prompt of ``input_tokens``, ``cached_tokens`` of them cached, costs (USD).
-        The uncached rest is written to the cache (the input price where writes cost nothing
-        extra, as with OpenAI)."""
+
+        ``written``: the tokens the upstream reported it wrote to its cache (models that
+        price writes apart), at the write price, the rest of the uncached at the input
+        price. None (not reported): the uncached are all written (the input price where
+        writes cost nothing extra, as with OpenAI's prefix caching).
+        """
         uncached = max(0, input_tokens - cached_tokens)
-        return (uncached * self.write + cached_tokens * self.cached) / PER
+        if written is None:
+            return (uncached * self.write + cached_tokens * self.cached) / PER
+        written = min(written, uncached)
+        return ((uncached - written) * self.input + written * self.write
+                + cached_tokens * self.cached) / PER
 
 
 def _openai(input_price: float, cached: float) -> Price:
     return Price(input_price, cached, input_price)
 
 
-# Public list prices (USD per 1M tokens) as of late 2025; check yours and override.
+# Public list prices (USD per 1M tokens) as of late 2025; check yours and override. The
+# breakpoint-rule models (gpt-5.6 and later) have no entry: their prices are not guessed, and
+# CTXPROXY_PRICES gives them (their write price then follows CTXPROXY_BREAKPOINT_WRITE_RATIO).
 DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-5": _openai(1.25, 0.125),
     "gpt-5-codex": _openai(1.25, 0.125),
@@ -68,13 +80,27 @@ class Prices:
         return None
 
     @classmethod
-    def from_setting(cls, value: str | None) -> Prices:
+    def from_setting(cls, value: str | None,
+                     write_ratio: Callable[[str], float] = lambda model: 1.0) -> Prices:
         """The default table with ``CTXPROXY_PRICES`` on top (see ``parse_prices``)."""
-        return cls({**DEFAULT_PRICES, **parse_prices(value or "")})
+        return cls({**DEFAULT_PRICES, **parse_prices(value or "", write_ratio)})
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Prices:
+        """The table ``settings`` give: an entry of a breakpoint model without a write price
+        writes at ``breakpoint_write_ratio`` of its input price."""
+
+        def ratio(model: str) -> float:
+            return settings.breakpoint_write_ratio if settings.follows_breakpoints(model) else 1.0
+
+        return cls.from_setting(settings.prices, ratio)
 
 
-def parse_prices(value: str) -> dict[str, Price]:
-    """``model=input/cached[/write],...`` (USD per 1M tokens; write defaults to input).
+def parse_prices(
+    value: str, write_ratio: Callable[[str], float] = lambda model: 1.0
+) -> dict[str, Price]:
+    """``model=input/cached[/write],...`` (USD per 1M tokens; write defaults to input times
+    ``write_ratio(model)``).
 
     Raises ValueError naming the entry that is wrong.
     """
@@ -92,6 +118,7 @@ def parse_prices(value: str) -> dict[str, Price]:
             raise ValueError(f"{entry!r}: prices must be numbers") from None
         if any(v < 0 for v in values):
             raise ValueError(f"{entry!r}: prices cannot be negative")
-        table[model.strip()] = Price(values[0], values[1], values[2] if len(values) == 3
-                                     else values[0])
+        name = model.strip()
+        table[name] = Price(values[0], values[1], values[2] if len(values) == 3
+                            else values[0] * write_ratio(name))
     return table

@@ -18,11 +18,14 @@ __all__ = [
 
 ESTIMATE_NOTE = (
     "Costs are input tokens priced per model (output costs the same either way and is left "
-    "out). Through the proxy: the upstream's own usage (input and cached tokens). Direct: an "
+    "out). Through the proxy: the upstream's own usage (input, cached and, where it reports "
+    "them, cache-write tokens at the model's write price). Direct: an "
     "estimate from the client's own bodies, counted with the proxy's tokenizer and put on the "
     "upstream's scale, with the provider's prefix-cache rule applied to them (the longest "
     "prefix shared with the session's earlier requests, from 1,024 tokens in 128-token "
-    "steps, forgotten after 10 minutes unused). Requests without the upstream's usage are "
+    "steps, forgotten after 10 minutes unused), its uncached tokens written to the cache at "
+    "the model's write price (for breakpoint models CTXPROXY_BREAKPOINT_WRITE_RATIO of the "
+    "input price unless CTXPROXY_PRICES gives one). Requests without the upstream's usage are "
     "counted but not priced; models without a price show tokens only."
 )
 
@@ -38,6 +41,7 @@ class Row:
     forwarded_tokens: int = 0
     input_tokens: int = 0
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
     output_tokens: int = 0
     direct_input: int = 0
     direct_cached: int = 0
@@ -67,6 +71,13 @@ class Row:
         return self.cached_tokens / self.input_tokens if self.input_tokens else None
 
     @property
+    def cache_write_share(self) -> float | None:
+        """The share of the input the upstream reported written to its cache (None: it
+        reported no writes)."""
+        return self.cache_write_tokens / self.input_tokens if (
+            self.input_tokens and self.cache_write_tokens) else None
+
+    @property
     def direct_cached_share(self) -> float | None:
         return self.direct_cached / self.direct_input if self.direct_input else None
 
@@ -76,7 +87,8 @@ class Row:
 
     def add(self, t: Totals, prices: Prices) -> None:
         for name in ("requests", "priced", "client_tokens", "forwarded_tokens", "input_tokens",
-                     "cached_tokens", "output_tokens", "direct_input", "direct_cached",
+                     "cached_tokens", "cache_write_tokens", "output_tokens", "direct_input",
+                     "direct_cached",
                      "items_cut", "outputs_masked", "recalled", "degraded"):
             setattr(self, name, getattr(self, name) + getattr(t, name))
         self.first_at = min(self.first_at, t.first_at) if self.first_at else t.first_at
@@ -88,13 +100,19 @@ class Row:
             return
         self.cost_direct = (self.cost_direct or 0.0) + price.cost(t.direct_input,
                                                                    t.direct_cached)
-        self.cost_proxy = (self.cost_proxy or 0.0) + price.cost(t.input_tokens, t.cached_tokens)
+        # Writes priced apart only where the upstream reported them. Direct, every uncached
+        # token is written: at a breakpoint model's write price, as its implicit breakpoint
+        # does for an append-only history.
+        self.cost_proxy = (self.cost_proxy or 0.0) + price.cost(
+            t.input_tokens, t.cached_tokens, t.cache_write_tokens or None)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "key": self.key, "requests": self.requests, "priced_requests": self.priced,
             "client_tokens": self.client_tokens, "forwarded_tokens": self.forwarded_tokens,
             "input_tokens": self.input_tokens, "cached_tokens": self.cached_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_write_share": _round(self.cache_write_share),
             "output_tokens": self.output_tokens, "direct_input_tokens": self.direct_input,
             "direct_cached_tokens": self.direct_cached, "cached_share": _round(self.cached_share),
             "cost_direct": _round(self.cost_direct, 6), "cost_proxy": _round(self.cost_proxy, 6),

@@ -18,9 +18,9 @@ from ledger.model import RECORD_COLUMNS, Group, Record, Totals
 
 __all__ = [
     "COLUMNS", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2", "TABLE",
-    "backfill_sql", "from_row", "group_key", "hour_of", "principal_migration", "rollup_rows",
-    "scopes_sql", "series_params", "series_sql", "timeline_sql", "to_row", "totals_from",
-    "totals_query", "upsert_sql", "with_principal",
+    "backfill_sql", "cache_write_migration", "from_row", "group_key", "hour_of",
+    "principal_migration", "rollup_rows", "scopes_sql", "series_params", "series_sql",
+    "timeline_sql", "to_row", "totals_from", "totals_query", "upsert_sql", "with_principal",
 ]
 
 TABLE = "ctxproxy_requests"
@@ -28,7 +28,9 @@ ROLLUP = "ctxproxy_requests_hourly"
 COLUMNS = ", ".join(RECORD_COLUMNS)
 INSERT_COLUMNS = COLUMNS + ", recalled"
 HOUR = 3600.0
-SUMMED = [f.name for f in fields(Totals)][2:-2]  # requests ... degraded
+SUMMED = [f.name for f in fields(Totals)][2:-2]  # requests ... cache_write_tokens
+# The sums of the roll-up as versions 2 and 3 of the schema made it (4 added the last).
+_SUMMED_V3 = SUMMED[: SUMMED.index("cache_write_tokens")]
 # The roll-up's key: hour, then whose (the client key's principal: each sees only its own
 # sums), session and model. Version 2 of the schema had no principal.
 _KEY = ("hour", "principal", "session_id", "model")
@@ -36,11 +38,12 @@ _KEY_V2 = ("hour", "session_id", "model")
 
 
 def _rollup_table(key: tuple[str, ...]) -> str:
-    """The roll-up's columns, per dialect (``{int}``, ``{real}``)."""
+    """The roll-up's columns as versions 2 and 3 made them, per dialect (``{int}``,
+    ``{real}``)."""
     return (
         f"CREATE TABLE {ROLLUP} (hour {{int}} NOT NULL, "
         + "".join(f"{name} text NOT NULL, " for name in key[1:])
-        + "".join(f"{name} {{int}} NOT NULL, " for name in SUMMED)
+        + "".join(f"{name} {{int}} NOT NULL, " for name in _SUMMED_V3)
         + "first_at {real} NOT NULL, last_at {real} NOT NULL, "
         f"PRIMARY KEY ({', '.join(key)}))"
     )
@@ -54,7 +57,13 @@ _FROM_ROWS = {name: f"sum({name})" for name in SUMMED} | {
     "requests": "count(*)", "priced": "count(input_tokens)",
     "degraded": "sum(CASE WHEN degraded <> '' THEN 1 ELSE 0 END)",
 }
-_RAW_SUMS = ", ".join(f"coalesce({_FROM_ROWS[n]}, 0)" for n in SUMMED) + ", min(at), max(at)"
+
+
+def _raw_sums(summed: list[str]) -> str:
+    return ", ".join(f"coalesce({_FROM_ROWS[n]}, 0)" for n in summed) + ", min(at), max(at)"
+
+
+_RAW_SUMS = _raw_sums(SUMMED)
 _ROLLUP_SUMS = ", ".join(f"sum({n})" for n in SUMMED) + ", min(first_at), max(last_at)"
 _HOUR_OF_AT = ("CAST(at / 3600 AS INTEGER)", "floor(at / 3600)::bigint")
 
@@ -129,8 +138,8 @@ def scopes_sql(mark: str) -> str:
             f"WHERE principal = {mark} LIMIT {mark}")
 
 
-def _rollup_columns(key: tuple[str, ...]) -> list[str]:
-    return [*key, *SUMMED, "first_at", "last_at"]
+def _rollup_columns(key: tuple[str, ...], summed: list[str] = SUMMED) -> list[str]:
+    return [*key, *summed, "first_at", "last_at"]
 
 
 def upsert_sql(dialect: int, mark: str) -> str:
@@ -147,14 +156,15 @@ def upsert_sql(dialect: int, mark: str) -> str:
     )
 
 
-def backfill_sql(dialect: int, *, where: str = "", version: int = 3) -> str:
-    """Roll request rows up (a migration; prune re-rolls the hour it cut into); ``version``
-    2 is the schema's before the principal."""
+def backfill_sql(dialect: int, *, where: str = "", version: int = 4) -> str:
+    """Roll request rows up (a migration; prune re-rolls the hour it cut into) into the
+    roll-up of schema ``version``: 2 had no principal, 3 no cache writes."""
     key = _KEY if version >= 3 else _KEY_V2
+    summed = SUMMED if version >= 4 else _SUMMED_V3
     hour = _HOUR_OF_AT[dialect]
     groups = ", ".join(str(n) for n in range(1, len(key) + 1))
-    return (f"INSERT INTO {ROLLUP} ({', '.join(_rollup_columns(key))}) "
-            f"SELECT {hour}, {', '.join(key[1:])}, {_RAW_SUMS} FROM {TABLE} {where} "
+    return (f"INSERT INTO {ROLLUP} ({', '.join(_rollup_columns(key, summed))}) "
+            f"SELECT {hour}, {', '.join(key[1:])}, {_raw_sums(summed)} FROM {TABLE} {where} "
             f"GROUP BY {groups}")
 
 
@@ -171,7 +181,17 @@ def principal_migration(dialect: int) -> tuple[str, ...]:
         ROLLUP_TABLE.format(**kinds),
         f"CREATE INDEX {ROLLUP}_session ON {ROLLUP} (session_id, hour)",
         f"CREATE INDEX {ROLLUP}_principal ON {ROLLUP} (principal, hour)",
-        backfill_sql(dialect),
+        backfill_sql(dialect, version=3),
+    )
+
+
+def cache_write_migration(dialect: int) -> tuple[str, ...]:
+    """Version 4: the cache writes the upstream reported (NULL: none reported, as in every
+    row written before), and their sum in the roll-up."""
+    kind = "INTEGER" if dialect == 0 else "bigint"
+    return (
+        f"ALTER TABLE {TABLE} ADD COLUMN cache_write_tokens {kind}",
+        f"ALTER TABLE {ROLLUP} ADD COLUMN cache_write_tokens {kind} NOT NULL DEFAULT 0",
     )
 
 
@@ -187,6 +207,7 @@ def rollup_rows(records: Iterable[Record]) -> list[tuple[Any, ...]]:
             1, int(r.input_tokens is not None), r.client_tokens, r.forwarded_tokens,
             r.input_tokens, r.cached_tokens, r.output_tokens, r.direct_input, r.direct_cached,
             r.items_cut, r.outputs_masked, len(r.memory_ids), int(bool(r.degraded)),
+            r.cache_write_tokens,
         )
         for i, value in enumerate(values):
             sums[i] += value or 0

@@ -18,6 +18,7 @@ from ledger.sql import (
     ROLLUP_TABLE_V2,
     TABLE,
     backfill_sql,
+    cache_write_migration,
     from_row,
     principal_migration,
     rollup_rows,
@@ -79,6 +80,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (3, principal_migration(1)),  # each row says whose it is
+    (4, cache_write_migration(1)),  # the cache writes the upstream reported
 )
 _UPSERT = upsert_sql(1, "%s")
 _VERSIONS = f"{TABLE}_migrations"

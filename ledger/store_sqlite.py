@@ -19,6 +19,7 @@ from ledger.sql import (
     ROLLUP_TABLE_V2,
     TABLE,
     backfill_sql,
+    cache_write_migration,
     from_row,
     principal_migration,
     rollup_rows,
@@ -83,6 +84,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (3, principal_migration(0)),  # each row says whose it is
+    (4, cache_write_migration(0)),  # the cache writes the upstream reported
 )
 _UPSERT = upsert_sql(0, "?")
 

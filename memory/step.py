@@ -730,6 +730,7 @@ class MemoryStep:
         standing = self._standing_message(scope, session, forwarded[0][1], prepared)
         if standing is not None:
             messages[forwarded[0][0]] = [standing]
+            ex.stable_block = standing
         kept = 0
         for at, key in forwarded[:-1]:
             shown = self._shown.get(key)

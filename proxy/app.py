@@ -76,6 +76,7 @@ class Access:
     upstream_error: str | None = None
     input_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None  # reported by models that price cache writes
     output_tokens: int | None = None
     notes: Notes | None = None
 
@@ -576,7 +577,10 @@ def _record_usage(app: web.Application, info: Access, tap: UsageTap | BodyTap) -
         return
     info.input_tokens = usage.get("input_tokens")
     info.cached_tokens = usage.get("cached_tokens")
+    info.cache_write_tokens = usage.get("cache_write_tokens")
     info.output_tokens = usage.get("output_tokens")
     metrics = app[METRICS]
     metrics.tokens.labels("input").inc(usage.get("input_tokens", 0))
     metrics.tokens.labels("cached").inc(usage.get("cached_tokens", 0))
+    if info.cache_write_tokens is not None:
+        metrics.tokens.labels("cache_write").inc(info.cache_write_tokens)

@@ -2,7 +2,9 @@
 
 The request's path, in order: the window cuts the history (``window/``), knowledge discovery
 adds the ``<knowledge_tools>`` block (``knowledge/``), memory adds its typed blocks
-(``memory/``); then the relay forwards (``proxy/app.py``). The window's masked outputs are
+(``memory/``), and for the models that cache only at breakpoints the end of the agent's
+context and of those blocks are marked (``injectors/breakpoints.py``); then the relay
+forwards (``proxy/app.py``). The window's masked outputs are
 kept whole for their fetch line by ``proxy/outputs.py``.
 """
 
@@ -14,6 +16,7 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from config import Settings
+from injectors.breakpoints import Breakpoints
 from proxy import explain, knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
 from proxy.app import METRICS, SETTINGS, add_passthrough, create_app
 from proxy.server import Limits
@@ -23,11 +26,14 @@ from window.step import WindowStep
 
 
 def steps(app: web.Application) -> Sequence[Step]:
-    """The request pipeline, in order: cut the history, then add knowledge, then memory."""
+    """The request pipeline, in order: cut the history, then add knowledge, then memory,
+    then mark the cache breakpoints where those steps left stable prefixes."""
+    settings = app[SETTINGS]
     ordered: list[Step | None] = [
-        WindowStep.from_settings(app[SETTINGS], archive=outputs.archive(app)),
+        WindowStep.from_settings(settings, archive=outputs.archive(app)),
         knowledge_wiring.step(app),
         memory_wiring.step(app),
+        Breakpoints(settings.follows_breakpoints),
     ]
     return [s for s in ordered if s is not None]
 

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from config.files import private_file
 from injectors import tokens
+from injectors.breakpoints import client_marks, unmarked
 from injectors.redact import redact
 from ledger.counterfactual import PartCounter
 from proxy.app import FINISHED, SENT, SETTINGS, Access
@@ -137,7 +138,8 @@ def _report(seen: Seen, with_body: bool) -> dict[str, Any]:
 
 
 def _digest(item: Any) -> bytes:
-    return hashlib.blake2b(orjson.dumps(item, option=orjson.OPT_SORT_KEYS),
+    # Without cache breakpoints: an item the proxy marked is still the client's item.
+    return hashlib.blake2b(orjson.dumps(unmarked(item), option=orjson.OPT_SORT_KEYS),
                            digest_size=16).digest()
 
 
@@ -182,6 +184,7 @@ def explain(raw: bytes, forwarded: bytes) -> dict[str, Any]:
         "turns_in": _turns(items_in), "turns_forwarded": _turns(items_out),
         "items_in": len(items_in), "items_forwarded": len(items_out), "items_cut": cut,
         "outputs_masked": masked, "items_added": added,
+        "breakpoints": len(client_marks(items_out)) - len(client_marks(items_in)),
         "instructions_added": {"chars": len(extra), "tokens": tokens.count(extra) if extra else 0,
                                "blocks": list(dict.fromkeys(_TAG.findall(extra)))},
         "client_tokens": counter.measure(client).tokens,
@@ -232,6 +235,8 @@ def render(report: dict[str, Any]) -> str:
     added = report["items_added"]
     lines.append(f"items added: {len(added)}")
     lines += [f"  {a['item']} ({a['chars']:,} chars, {a['tokens']:,} tokens)" for a in added]
+    if report.get("breakpoints"):
+        lines.append(f"cache breakpoints marked: {report['breakpoints']}")
     extra = report["instructions_added"]
     blocks = ", ".join(f"<{b}>" for b in extra["blocks"]) or "text"
     lines.append(f"instructions added: {extra['chars']:,} chars, {extra['tokens']:,} tokens"

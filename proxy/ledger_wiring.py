@@ -38,7 +38,7 @@ LEDGER = web.AppKey("ledger", LedgerSide)
 
 def install(app: web.Application) -> None:
     settings = app[SETTINGS]
-    prices = Prices.from_setting(settings.prices)
+    prices = Prices.from_settings(settings)
     if not settings.stats_enabled:
         app[LEDGER] = LedgerSide(None, None, prices, "CTXPROXY_STATS_ENABLED is off")
         return
@@ -47,7 +47,7 @@ def install(app: web.Application) -> None:
 
 async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
-    prices = Prices.from_setting(settings.prices)
+    prices = Prices.from_settings(settings)
     ledger = make_ledger(settings)
     try:
         await ledger.open()
@@ -131,6 +131,7 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
         service_id=settings.service_id, team_id=_text(team), agent_id=_text(agent),
         user_ref=user, principal=principal,
         input_tokens=info.input_tokens, cached_tokens=info.cached_tokens,
+        cache_write_tokens=info.cache_write_tokens,
         output_tokens=info.output_tokens,
         turns_in=info.turns_in, turns_forwarded=info.turns_forwarded,
         items_cut=info.items_cut or 0,

@@ -137,7 +137,8 @@ class UsageTap:
         return _output(self._response())
 
     def usage(self) -> dict[str, int] | None:
-        """input/cached/output tokens of the completed response, or None."""
+        """input/cached/output tokens (and cache_write_tokens when reported) of the
+        completed response, or None."""
         return _usage(self._response())
 
 
@@ -194,7 +195,8 @@ class BodyTap:
         return _output(self._parsed())
 
     def usage(self) -> dict[str, int] | None:
-        """input/cached/output tokens of the answer, or None."""
+        """input/cached/output tokens (and cache_write_tokens when reported) of the answer,
+        or None."""
         return _usage(self._parsed())
 
 
@@ -211,11 +213,16 @@ def _usage(response: dict[str, Any] | None) -> dict[str, int] | None:
         return None
     details = usage.get("input_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return {
+    found = {
         "input_tokens": _int(usage.get("input_tokens")),
         "cached_tokens": _int(cached),
         "output_tokens": _int(usage.get("output_tokens")),
     }
+    # Only models that price cache writes apart report them: absent, it is left out.
+    written = details.get("cache_write_tokens") if isinstance(details, dict) else None
+    if isinstance(written, int):
+        found["cache_write_tokens"] = written
+    return found
 
 
 def _first_end(data: bytearray, start: int) -> int:

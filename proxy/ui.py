@@ -120,15 +120,16 @@ async def overview(request: web.Request) -> web.Response:
     flow = chart(
         [("sent by the client", [float(r.client_tokens) for r in steps]),
          ("forwarded", [float(r.forwarded_tokens) for r in steps]),
-         ("cached upstream", [float(r.cached_tokens) for r in steps])],
+         ("cached upstream", [float(r.cached_tokens) for r in steps]),
+         ("written to the cache", [float(r.cache_write_tokens) for r in steps])],
         labels, unit="tokens", ident="tokens-chart", bars=True,
     )
     body = (
         since_links("/ui", label) + cards(whole)
         + f"<h2>{what}</h2>{plot}"
         + f"<h2>Tokens over time</h2>{flow}"
-        + table([by, "requests", "sent", "forwarded", "cached", "direct", "proxy", "saving",
-                 "cut", "recalled", "degraded"],
+        + table([by, "requests", "sent", "forwarded", "cached", "written", "direct", "proxy",
+                 "saving", "cut", "recalled", "degraded"],
                 [_row_cells(r, escape(r.key)) for r in [*rows, whole]], ident="periods")
         + _unpriced(whole) + note()
     )
@@ -159,7 +160,8 @@ def _row_cells(r: Row, first: str) -> list[str]:
     forwarded = tokens(r.forwarded_tokens) + (
         f" ({r.forwarded_share:.0%})" if r.forwarded_share is not None else "")
     return [first, f"{r.requests:,}", tokens(r.client_tokens), forwarded,
-            percent(r.cached_share), usd(r.cost_direct), usd(r.cost_proxy), usd(r.saving),
+            percent(r.cached_share), percent(r.cache_write_share), usd(r.cost_direct),
+            usd(r.cost_proxy), usd(r.saving),
             f"{r.items_cut:,}", f"{r.recalled:,}", f"{r.degraded:,}"]
 
 
@@ -180,8 +182,8 @@ async def sessions(request: web.Request) -> web.Response:
                                                principal=_whose(request)), side.prices)
     body = (
         since_links("/ui/sessions", label)
-        + table(["session", "requests", "sent", "forwarded", "cached", "direct", "proxy",
-                 "saving", "cut", "recalled", "degraded", "last request"],
+        + table(["session", "requests", "sent", "forwarded", "cached", "written", "direct",
+                 "proxy", "saving", "cut", "recalled", "degraded", "last request"],
                 [[*_row_cells(r, session_link(r.key)), when(r.last_at)] for r in shown],
                 ident="sessions")
         + (f"<p class=muted>The {SESSIONS_SHOWN} most recent sessions.</p>"
@@ -206,14 +208,15 @@ async def session(request: web.Request) -> web.Response:
     plot = chart(
         [("sent by the client", [float(r.client_tokens or 0) for r in records]),
          ("forwarded", [float(r.forwarded_tokens or 0) for r in records]),
-         ("cached upstream", [float(r.cached_tokens or 0) for r in records])],
+         ("cached upstream", [float(r.cached_tokens or 0) for r in records]),
+         ("written to the cache", [float(r.cache_write_tokens or 0) for r in records])],
         labels, unit="tokens", ident="timeline-chart", bars=True,
     )
     body = (
         f"<p>Session <code>{escape(name)}</code>: {len(records)} requests, "
         f"{when(records[0].at)} to {when(records[-1].at)}.</p>"
         + cards(whole) + "<h2>Tokens per request</h2>" + plot
-        + table(["#", "time", "model", "turns", "sent", "forwarded", "cached",
+        + table(["#", "time", "model", "turns", "sent", "forwarded", "cached", "written",
                  "direct cached", "cut", "masked", "recalled", "knowledge", "degraded",
                  "first byte"],
                 [_timeline_cells(i, r) for i, r in enumerate(records, 1)], ident="timeline")
@@ -225,11 +228,13 @@ async def session(request: web.Request) -> web.Response:
 def _timeline_cells(i: int, r: Record) -> list[str]:
     turns = "-" if r.turns_in is None else f"{r.turns_forwarded}/{r.turns_in}"
     cached = percent((r.cached_tokens or 0) / r.input_tokens) if r.input_tokens else "-"
+    written = "-" if r.cache_write_tokens is None or not r.input_tokens else percent(
+        r.cache_write_tokens / r.input_tokens)
     direct = percent((r.direct_cached or 0) / r.direct_input) if r.direct_input else "-"
     recalled = " ".join(memory_link(m, short=True) for m in r.memory_ids) or "-"
     return [
         str(i), when(r.at)[11:19], escape(r.model), turns, _opt(r.client_tokens),
-        _opt(r.forwarded_tokens), cached, direct, str(r.items_cut), str(r.outputs_masked),
+        _opt(r.forwarded_tokens), cached, written, direct, str(r.items_cut), str(r.outputs_masked),
         recalled, "yes" if r.knowledge else "-", escape(", ".join(r.degraded)) or "-",
         f"{r.ttfb_ms:.0f} ms" if r.ttfb_ms is not None else "-",
     ]

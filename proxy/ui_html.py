@@ -56,6 +56,7 @@ def cards(row: Row) -> str:
         ("client_tokens", tokens(row.client_tokens), row.client_tokens),
         ("forwarded_tokens", tokens(row.forwarded_tokens), row.forwarded_tokens),
         ("cached_share", percent(row.cached_share), row.cached_share),
+        ("cache_write_share", percent(row.cache_write_share), row.cache_write_share),
         ("cost_direct", usd(row.cost_direct), row.cost_direct),
         ("cost_proxy", usd(row.cost_proxy), row.cost_proxy),
         ("saving", usd(row.saving), row.saving),
@@ -64,6 +65,7 @@ def cards(row: Row) -> str:
     labels = {
         "requests": "requests", "client_tokens": "tokens sent by the client",
         "forwarded_tokens": "tokens forwarded", "cached_share": "cached (upstream)",
+        "cache_write_share": "written to the cache (upstream)",
         "cost_direct": "cost direct (estimate)", "cost_proxy": "cost through the proxy",
         "saving": "saving", "recalled": "memories shown",
     }

@@ -12,9 +12,15 @@ ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 
 
+def cell(text: str) -> str:
+    """``text`` in a table cell: a pipe escaped (GitHub reads it so in code spans too)."""
+    return text.replace("|", "\\|")
+
+
 def table() -> str:
     rows = ["| variable | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{name}` | `{default}` | {text} |" for name, default, text in describe_settings()]
+    rows += [f"| `{name}` | `{cell(default)}` | {cell(text)} |"
+             for name, default, text in describe_settings()]
     return "\n".join(rows)
 
 

@@ -113,6 +113,12 @@ class CostPolicy:
     past ``max_turns`` or ``max_tokens`` it must cut, and takes the best of the cuts that fit.
     It never cuts the newest turn, nor below ``min_turns`` unless the ceiling demands it.
 
+    With ``breakpoints`` (a model that caches only at breakpoints, where the proxy marks the
+    end of the agent's context), a cut leaves the prefix P warm: what it makes cold is the
+    kept older turns and the blocks the cut puts before them (the digest of the cut turns,
+    at most ``digest_tokens`` and never more than half of what it cut, and the standing
+    memory block, ``standing_tokens``).
+
     The decision is replayed from the first turn boundary on, each time from what the
     history held at that boundary: appending to a history never moves an earlier cut, so
     every request between two cuts extends the one before it byte for byte, and any replica
@@ -124,6 +130,9 @@ class CostPolicy:
     max_tokens: int = 0  # 0: no ceiling
     cached: float = 0.1
     write: float = 1.0
+    breakpoints: bool = False
+    digest_tokens: int = 0
+    standing_tokens: int = 0
 
     def first_kept(self, history: History, outside_tokens: int) -> tuple[int, int]:
         """The first turn to forward, and the turn that was the newest when that cut was
@@ -173,7 +182,14 @@ class CostPolicy:
             removed = ends[new] - ends[cut]
             kept = ends[b] - ends[new]  # the older turns kept: read cold once
             horizon = per_turn * (self.max_turns - (b - new))  # requests until full again
-            gain = self.cached * removed * horizon - (self.write - self.cached) * (prefix + kept)
+            gain = self.cached * removed * horizon - (self.write - self.cached) * (
+                self._cold(prefix, kept, removed))
             if gain > best_gain:
                 best, best_gain = new, gain
         return best
+
+    def _cold(self, prefix: int, kept: int, removed: int) -> int:
+        """The tokens a cut makes cold once (written again)."""
+        if not self.breakpoints:
+            return prefix + kept
+        return kept + min(self.digest_tokens, removed // 2) + self.standing_tokens

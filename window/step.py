@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import replace
 
 import orjson
 
@@ -40,18 +42,23 @@ class WindowStep:
         self, keep: int, slack: int = 0, *, trim_at_tokens: int = 0,
         mask_chars: int | None = None, policy: CostPolicy | None = None,
         digest_chars: int = 0, archive: Archive | None = None,
+        breakpoint_policy: CostPolicy | None = None,
+        follows_breakpoints: Callable[[object], bool] = lambda model: False,
     ) -> None:
         self.keep = keep
         self.slack = slack
         self.trim_at_tokens = trim_at_tokens
         self.mask_chars = mask_chars
         self.policy = policy
+        # The cost policy of the models that cache only at breakpoints (None: ``policy``).
+        self.breakpoint_policy = breakpoint_policy
+        self.follows_breakpoints = follows_breakpoints
         self.digests = Digests(digest_chars) if digest_chars else None
         self.archive = archive
 
     @classmethod
     def from_settings(cls, settings: Settings, *, archive: Archive | None = None) -> WindowStep:
-        policy = None
+        policy = breakpoint_policy = None
         if settings.window_policy == "cost":
             policy = CostPolicy(
                 max_turns=settings.keep_turns,
@@ -59,6 +66,12 @@ class WindowStep:
                 max_tokens=settings.window_max_tokens,
                 cached=settings.cached_input_ratio,
                 write=settings.cache_write_ratio,
+            )
+            standing = settings.memory_placement == "split" and settings.memory_enabled
+            breakpoint_policy = replace(
+                policy, write=settings.breakpoint_write_ratio, breakpoints=True,
+                digest_tokens=settings.cut_digest_chars // 4,
+                standing_tokens=settings.memory_tokens if standing else 0,
             )
         return cls(
             settings.keep_turns,
@@ -68,14 +81,19 @@ class WindowStep:
             policy=policy,
             digest_chars=settings.cut_digest_chars,
             archive=archive,
+            breakpoint_policy=breakpoint_policy,
+            follows_breakpoints=settings.follows_breakpoints,
         )
 
     def cut(self, ex: Exchange) -> tuple[int, int]:
         """The first turn to forward, and the turn that was newest when that cut was made."""
         history = ex.history
-        if self.policy is not None:
+        policy = self.policy
+        if self.breakpoint_policy is not None and self.follows_breakpoints(ex.body.get("model")):
+            policy = self.breakpoint_policy
+        if policy is not None:
             outside = {k: v for k, v in ex.body.items() if k != "input"}
-            return self.policy.first_kept(history, len(orjson.dumps(outside)) // 4)
+            return policy.first_kept(history, len(orjson.dumps(outside)) // 4)
         if self.trim_at_tokens:
             drop = budget_drop(history, self.keep, self.trim_at_tokens)
         else:
@@ -110,6 +128,7 @@ class WindowStep:
                 kept.insert(at, digest)
                 starts = [s + 1 for s in starts]
                 ex.notes.cut_digest_chars = len(digest["content"][0]["text"])
+                ex.stable_block = digest
         ex.body = {**ex.body, "input": kept}
         ex.cut = cut.removed
         ex.first_turn = drop

@@ -9,12 +9,16 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 from lxml import html
 
+from config import load_settings
+from ledger.cli import stats
 from ledger.counterfactual import PartCounter
 from ledger.measure import InThread, Measurer, Pending
 from ledger.model import Ledger, Record
+from ledger.prices import Price, Prices
 from ledger.recorder import Recorder
 from proxy.ledger_wiring import LEDGER
 from proxy.memory_wiring import MEMORY
@@ -235,3 +239,72 @@ async def test_a_non_streamed_answer_is_relayed_as_sent_and_its_usage_recorded(
 
     [row] = await rows(proxy)
     assert (row.input_tokens, row.cached_tokens, row.output_tokens) == (1234, 1024, 56)
+
+
+WRITES_USAGE = {"input_tokens": 5000, "output_tokens": 40, "total_tokens": 5040,
+                "input_tokens_details": {"cached_tokens": 3000, "cache_write_tokens": 1800}}
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("stream", [True, False])
+async def test_cache_writes_the_upstream_reports_reach_the_row_stats_and_dashboard(
+    store: str, stream: bool, upstream: FakeUpstream, start_proxy: ProxyFactory,
+    request: pytest.FixtureRequest,
+) -> None:
+    completed = {"id": "resp_1", "object": "response", "status": "completed",
+                 "output": [message_item("Done.")], "usage": WRITES_USAGE}
+    if stream:
+        upstream.then_raw_sse([
+            b"event: response.completed\ndata: "
+            + orjson.dumps({"type": "response.completed", "response": completed}) + b"\n\n"])
+    else:
+        async def json_answer(request: web.Request, rec: Received) -> web.StreamResponse:
+            return web.json_response(completed)
+
+        upstream.then(json_answer)
+    more = {"store_url": request.getfixturevalue("pg_url")} if store == "postgres" else {}
+    # A price without a write price: a breakpoint model's writes cost 1.25 of its input.
+    proxy = await start_proxy(prices="gpt-6.1-sol=2.0/0.2", **more)
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/responses",
+        data=orjson.dumps(codex.request(codex.session(1), model="gpt-6.1-sol", stream=stream)),
+        headers=codex.headers("sess-1"),
+    ) as resp:
+        assert resp.status == 200
+        await resp.read()
+
+    [row] = await rows(proxy)
+    assert (row.input_tokens, row.cached_tokens, row.cache_write_tokens) == (5000, 3000, 1800)
+    side = proxy.app[LEDGER]
+    assert side.ledger is not None
+    report = stats(await side.ledger.totals("all"), side.prices, by="all", since=None,
+                   session=None)["total"]
+    assert report["cache_write_tokens"] == 1800 and report["cache_write_share"] == 0.36
+    # 200 uncached not written at the input price, 1800 written at 1.25 of it, 3000 read.
+    # (The report rounds dollars to six places.)
+    assert report["cost_proxy"] == pytest.approx((200 * 2.0 + 1800 * 2.5 + 3000 * 0.2) / 1e6,
+                                                 abs=1e-6)
+    assert row.direct_input is not None and row.direct_cached is not None
+    direct_uncached = row.direct_input - row.direct_cached  # all written, direct
+    assert report["cost_direct"] == pytest.approx(
+        (direct_uncached * 2.5 + row.direct_cached * 0.2) / 1e6, abs=1e-6)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(proxy.url + "/ui?since=all") as resp:
+            assert 'id="total-cache_write_share" data-value="0.36"' in await resp.text()
+        async with http.get(proxy.url + "/ui/sessions/sess-1") as resp:
+            page = html.fromstring(await resp.text())
+    head = [th.text for th in page.xpath('//table[@id="timeline"]/thead/tr/th')]
+    [cells] = [[td.text_content() for td in tr] for tr in
+               page.xpath('//table[@id="timeline"]/tbody/tr')]
+    assert cells[head.index("written")] == "36%" and cells[head.index("cached")] == "60%"
+
+
+def test_written_tokens_are_priced_at_the_write_price_only_when_reported() -> None:
+    price = Price(input=2.0, cached=0.2, write=2.5)
+    assert price.cost(5000, 3000) == pytest.approx((2000 * 2.5 + 3000 * 0.2) / 1e6)
+    assert price.cost(5000, 3000, 1800) == pytest.approx(
+        (200 * 2.0 + 1800 * 2.5 + 3000 * 0.2) / 1e6)
+    settings = load_settings(env={}, prices="gpt-6.1-sol=2/0.2,gpt-5.5=2/0.2")
+    prices = Prices.from_settings(settings)
+    assert prices("gpt-6.1-sol") == Price(2.0, 0.2, 2.5)
+    assert prices("gpt-5.5") == Price(2.0, 0.2, 2.0)  # prefix rules: writes at the input price

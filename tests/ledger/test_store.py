@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
+from ledger import store_pg, store_sqlite
 from ledger.model import Ledger, Record
 
 DAY = 86_400.0
@@ -81,3 +84,34 @@ async def test_series_from_the_rows_and_from_the_hourly_rollup_agree(ledger: Led
     hourly = await ledger.series(T0, 2 * 3600)  # from the roll-up, in steps of 2 hours
     assert [(t.key, t.requests) for t in hourly] == [("0", 12), ("1", 12), ("2", 12)]
     assert sum(t.client_tokens for t in hourly) == sum(t.client_tokens for t in fine)
+
+
+async def test_cache_writes_are_kept_and_summed_where_reported(ledger: Ledger) -> None:
+    await ledger.insert([record(T0), record(T0 + 1, model="gpt-6.1-sol", cache_write_tokens=900),
+                         record(T0 + 2, model="gpt-6.1-sol", cache_write_tokens=100)])
+    rows = await ledger.timeline("s1")
+    assert [r.cache_write_tokens for r in rows] == [None, 900, 100]
+    by_model = {t.model: t.cache_write_tokens for t in await ledger.totals("model")}
+    assert by_model == {"gpt-5": 0, "gpt-6.1-sol": 1000}
+    assert await ledger.prune(T0 + 0.5) == 1  # the hour is rolled up again from the rows
+    assert [t.cache_write_tokens for t in await ledger.totals("all")] == [1000]
+
+
+async def test_a_store_of_version_3_gains_cache_writes(
+    make_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = make_ledger()
+    store = store_sqlite if isinstance(old, store_sqlite.SqliteLedger) else store_pg
+    monkeypatch.setattr(store, "MIGRATIONS", store.MIGRATIONS[:3])
+    await old.open()  # the schema as version 3 left it
+    await old.close()
+    monkeypatch.undo()
+    again = make_ledger()
+    await again.open()
+    try:
+        await again.insert([record(T0), record(T0 + 1, cache_write_tokens=700)])
+        assert [r.cache_write_tokens for r in await again.timeline("s1")] == [None, 700]
+        [total] = await again.totals("all")
+        assert (total.requests, total.input_tokens, total.cache_write_tokens) == (2, 6200, 700)
+    finally:
+        await again.close()

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from request import History, is_turn_start, message_text
+from config import load_settings
+from request import Exchange, History, is_turn_start, message_text
 from tests.fakes import codex
 from window.policy import CostPolicy, Shape
+from window.step import WindowStep
 
 Item = dict[str, Any]
 OUTPUT = "x" * 4000  # about 1,000 tokens a tool output
@@ -147,3 +152,29 @@ def test_between_cuts_each_request_extends_the_one_before(
         if previous is not None and first == previous_first:
             assert forwarded[: len(previous)] == previous  # append-only between cuts
         previous, previous_first = forwarded, first
+
+
+def test_a_breakpoint_model_cuts_where_a_large_context_would_make_a_cut_cold() -> None:
+    # Short agent tasks behind a large context (instructions, tools): under prefix rules a
+    # cut rewrites the context, so it does not pay; with the context end marked it does.
+    items = session([agent_task(n, calls=5) for n in range(1, 4)])
+    prefix_rules = CostPolicy(max_turns=5, min_turns=1, max_tokens=120_000)
+    breakpoints = replace(prefix_rules, write=1.25, breakpoints=True, digest_tokens=4000,
+                          standing_tokens=1200)
+    assert first_kept(prefix_rules, items, outside=60_000) == 0
+    assert first_kept(breakpoints, items, outside=60_000) == 3
+    # A small context: both cut the finished tasks.
+    assert first_kept(prefix_rules, items) == first_kept(breakpoints, items) == 3
+
+
+def test_the_window_step_takes_the_policy_of_the_requests_model() -> None:
+    conf = load_settings(env={}, memory_enabled=False)
+    step = WindowStep.from_settings(conf)
+    items = session([agent_task(n, calls=5) for n in range(1, 4)])
+    big = "Follow the house rules. " * 10_000  # about 60k tokens of instructions
+    cuts = {}
+    for model in ("gpt-5.5", "gpt-6.1-sol"):
+        body = orjson.dumps(codex.request(items, model=model, instructions=big))
+        ex = Exchange.parse(body, CIMultiDictProxy(CIMultiDict()), conf)
+        cuts[model] = step.cut(ex)[0]
+    assert cuts == {"gpt-5.5": 0, "gpt-6.1-sol": 3}
