@@ -3,13 +3,15 @@
     python -m bench.economics                          # every strategy, 10/20/40/80 turns
     python -m bench.economics --turns 40 --strategies direct,defaults
     python -m bench.economics --turns 40 --strategy s6:trim_slack=6,recall_min_score=0.4
+    python -m bench.economics --cache-rules breakpoint  # priced as gpt-5.6 and later
 
 Sessions are built from the real Codex shapes in ../shared/fixtures/codex (system prompt,
 developer and context messages, tools array, headers, turn metadata): tool loops with 1-8 KB
 outputs, several requests per user turn, facts planted early and asked about later. A fake
 Codex client replays a session request by request, appending what the scripted model answered
 and what the tools printed, exactly as Codex does, so every strategy sees the same session.
-bench/pricing.py bills each request (tiktoken, prefix cache); the proxy runs in-process.
+bench/pricing.py bills each request (tiktoken, by prefix or breakpoint cache rules); the proxy
+runs in-process.
 """
 
 from __future__ import annotations
@@ -51,7 +53,17 @@ from bench._codex import (
     read_answer,
 )
 from bench._results import write_block
-from bench.pricing import BLOCK_TOKENS, Bill, PricingUpstream, PromptTokenizer, message
+from bench.pricing import (
+    BLOCK_TOKENS,
+    BREAKPOINT_MODEL,
+    RULES,
+    WRITE_PRICE,
+    Bill,
+    PricingUpstream,
+    PromptTokenizer,
+    Rules,
+    message,
+)
 from config import Settings, load_settings
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
@@ -99,15 +111,20 @@ class Shapes:
         return orjson.dumps(body), headers
 
 
-def load_shapes(path: Path = FIXTURES / SHAPE) -> Shapes:
+def load_shapes(path: Path = FIXTURES / SHAPE, rules: Rules = "prefix") -> Shapes:
+    """The shapes of a recorded request; under breakpoint rules its requests name a model the
+    provider prices by them (as a proxy that marks breakpoints for such models sees it)."""
     data = orjson.loads(path.read_bytes())
     body, headers = data["body"], data["headers"]
     items = body["input"]
     context = items[: prompt_starts(items)[0]]
     keep = ("x-codex-beta-features", "originator", "User-Agent", "Accept", "Content-Type")
+    body = {k: v for k, v in body.items() if k not in ("client_metadata",)}
+    if rules == "breakpoint":
+        body["model"] = BREAKPOINT_MODEL
     return Shapes(
         context=context,
-        body={k: v for k, v in body.items() if k not in ("client_metadata",)},
+        body=body,
         headers={**{k: headers[k] for k in keep}, "Authorization": "Bearer sk-bench"},
         meta=orjson.loads(headers["x-codex-turn-metadata"]),
     )
@@ -545,24 +562,25 @@ class Run:
     seconds: float
     front_tokens: int  # tools + context messages: what a warm cache always covers
     compactions: int = 0  # the client's own auto-compactions
+    rules: Rules = "prefix"  # the cache rules the bills were priced by
 
     @property
     def front_misses(self) -> int:
         """Requests after the first whose cache broke inside the static front of the prompt
         (something before it changed, or the cache expired)."""
-        warm = self.front_tokens // BLOCK_TOKENS * BLOCK_TOKENS  # caches count whole blocks
+        warm = self.front_tokens
+        if self.rules == "prefix":
+            warm = warm // BLOCK_TOKENS * BLOCK_TOKENS  # the cache counts whole blocks
         return sum(b.cached_tokens < warm for b in self.bills[1:])
 
     def cost(self, cached_price: float) -> float:
-        return sum(b.input_tokens - b.cached_tokens + cached_price * b.cached_tokens
-                   for b in self.bills)
+        return sum(b.cost(cached_price) for b in self.bills)
 
     def cumulative(self, cached_price: float) -> list[float]:
         """Cost after each user turn."""
         per_turn = [0.0] * (len(self.session.turns) + 1)
         for bill, turn in zip(self.bills, self.turn_of, strict=True):
-            uncached = bill.input_tokens - bill.cached_tokens
-            per_turn[turn] += uncached + cached_price * bill.cached_tokens
+            per_turn[turn] += bill.cost(cached_price)
         return list(itertools.accumulate(per_turn))[1:]
 
     @property
@@ -606,10 +624,13 @@ def seed_knowledge(data_dir: Path, team_id: str) -> None:
 
 
 async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: float,
-                  data_dir: Path, limit: int = AUTO_COMPACT_TOKENS) -> Run:
+                  data_dir: Path, limit: int = AUTO_COMPACT_TOKENS,
+                  rules: Rules = "prefix") -> Run:
+    """One session through one strategy, priced by ``rules`` (``shapes`` from
+    ``load_shapes(rules=rules)``, so that the requests name a model priced that way)."""
     clock = SimClock()
     model = ScriptedModel(session, pull=strategy.pull)
-    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
+    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER, rules=rules)
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=300)
     async with serving(upstream.app()) as up_url, aiohttp.ClientSession(timeout=timeout) as http:
@@ -632,7 +653,7 @@ async def run_one(strategy: Strategy, session: Session, shapes: Shapes, ttl_s: f
     # The static front of every request: the tools and Codex's context messages.
     front = len(TOKENIZER.prompt({"tools": shapes.body.get("tools"), "input": shapes.context}))
     return Run(strategy, session, upstream.bills, model.turn_of, model.recalled, model.blocks,
-               time.perf_counter() - started, front, model.compactions)
+               time.perf_counter() - started, front, model.compactions, rules)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -644,14 +665,20 @@ def table(runs: Sequence[Run]) -> str:
     for run in runs:
         groups.setdefault((len(run.session.turns), run.strategy.name), []).append(run)
     direct = {n: g for (n, name), g in groups.items() if g[0].strategy.settings is None}
-    rows = ["| turns | strategy | requests | input tokens | cached | cost @10% | cost @25% "
+    # Under prefix rules nothing is billed as written: the column would be all 0%.
+    writes = any(run.rules == "breakpoint" for run in runs)
+    rows = ["| turns | strategy | requests | input tokens | cached "
+            + ("| written " if writes else "")
+            + "| cost @10% | cost @25% "
             "| largest request | client compactions | front re-reads | recall blocks "
             "| fact recall | from user / tool | costliest session @10% |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---:|---|---:|---:|---:|" + ("---:|" if writes else "")
+            + "---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (turns, name), group in groups.items():
         bills = [b for run in group for b in run.bills]
         total = sum(b.input_tokens for b in bills)
         cached = sum(b.cached_tokens for b in bills)
+        written = f"| {sum(b.written_tokens for b in bills) / total:.0%} " if writes else ""
         base = direct.get(turns)
         rel = [
             f"{sum(r.cost(p) for r in group) / sum(r.cost(p) for r in base):.2f}x" if base
@@ -670,7 +697,8 @@ def table(runs: Sequence[Run]) -> str:
                      if alone.get(r.session.seed)), default=None)
         blocks = [n for r in group for n in r.blocks.values()]
         rows.append(
-            f"| {turns} | {name} | {len(bills)} | {total:,} | {cached / total:.0%} | {rel[0]} "
+            f"| {turns} | {name} | {len(bills)} | {total:,} | {cached / total:.0%} {written}"
+            f"| {rel[0]} "
             f"| {rel[1]} | {max(b.input_tokens for b in bills):,} "
             f"| {sum(r.compactions for r in group)} | {sum(r.front_misses for r in group)} "
             f"| {len(blocks)}/{turns * len(group)}, {sum(blocks) // max(len(blocks), 1)} tok "
@@ -735,7 +763,7 @@ def strategy_settings(name: str, pairs: str) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> list[Run]:
-    shapes = load_shapes()
+    shapes = load_shapes(rules=args.cache_rules)
     strategies = [STRATEGIES[n] if n in STRATEGIES else parse_strategy(n)
                   for n in args.strategies.split(",") if n]
     strategies += [parse_strategy(spec) for spec in args.strategy]
@@ -747,7 +775,7 @@ async def main_async(args: argparse.Namespace) -> list[Run]:
                 for strategy in strategies:
                     data_dir = Path(tmp) / f"{strategy.name}-{turns}-{seed}"
                     run = await run_one(strategy, session, shapes, args.ttl, data_dir,
-                                        args.limit)
+                                        args.limit, args.cache_rules)
                     print(f"  {turns:3d} turns  seed {seed}  {strategy.name:10s} "
                           f"{len(run.bills):4d} requests {run.seconds:6.1f}s", file=sys.stderr)
                     runs.append(run)
@@ -763,6 +791,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="an extra proxy strategy: the defaults with these settings, e.g. "
                         "s6:trim_slack=6,recall_min_score=0.4 (repeatable)")
     parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
+    add_cache_rules_argument(parser)
     parser.add_argument("--seed", type=int, default=1, help="first session seed")
     parser.add_argument("--seeds", type=int, default=2, help="sessions per length")
     parser.add_argument("--plot", type=Path, default=None,
@@ -790,6 +819,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{seconds:.0f} s", file=sys.stderr)
 
 
+def add_cache_rules_argument(parser: argparse.ArgumentParser) -> None:
+    """``--cache-rules``, the same for every bench that prices with bench/pricing.py."""
+    parser.add_argument("--cache-rules", choices=RULES, default="prefix",
+                        help="how the fake provider caches: prefix (before gpt-5.6: the longest "
+                        "shared prefix, in 128-token blocks) or breakpoint (gpt-5.6 and later: "
+                        f"prefixes stored at breakpoints, written at {WRITE_PRICE}x; the "
+                        f"requests name {BREAKPOINT_MODEL})")
+
+
+def cache_rules_note(rules: Rules) -> str:
+    """One sentence for a report: the cache rules its bills were priced by."""
+    if rules == "prefix":
+        return ("Cache rules: prefix (the longest prefix shared with an earlier request, from "
+                "1024 tokens in 128-token blocks).")
+    return (f"Cache rules: breakpoint (the requests name `{BREAKPOINT_MODEL}`; prefixes are "
+            "stored at the end of the prompt and at explicitly marked items, read only when "
+            "exactly repeated; tokens written to the cache cost "
+            f"{WRITE_PRICE}x and are part of every cost column; *written*: their share of the "
+            "input).")
+
+
 def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, command: str) -> str:
     """The RESULTS.md block: how it was measured, then the table."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -815,7 +865,8 @@ def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, comman
         "proxy the server reports the forwarded size. *front re-reads*: requests whose cache "
         "broke inside the tools + context messages (a compaction request, with no tools, is "
         "one). *costliest session*: the highest cost @10% against direct of one seed's "
-        "session, to four places (the rule is per session; the row sums the seeds).",
+        "session, to four places (the rule is per session; the row sums the seeds). "
+        + cache_rules_note(args.cache_rules),
         "",
         f"Strategies: {strategies}.",
         "",

@@ -21,7 +21,16 @@ from bench.economics import (
     load_shapes,
     run_one,
 )
-from bench.pricing import BLOCK_TOKENS, MIN_CACHED_TOKENS, PricingUpstream, PromptCache
+from bench.pricing import (
+    BLOCK_TOKENS,
+    BREAKPOINT_MODEL,
+    MIN_CACHED_TOKENS,
+    Bill,
+    PricingUpstream,
+    PromptCache,
+    PromptTokenizer,
+    without_marks,
+)
 from knowledge.store import FILENAME, Catalogue
 from knowledge.wiki import Page
 from request import is_turn_start, message_text
@@ -233,6 +242,133 @@ def test_cache_forgets_after_the_idle_ttl_and_use_refreshes_it() -> None:
     assert cache.read_and_store("k", prompt, now=801) == 0  # 301 s idle
 
 
+TOKENIZER = PromptTokenizer()
+MARKED = {"prompt_cache_breakpoint": {"mode": "explicit"}}
+
+
+def said(n: int, marked: bool = False, words: int = 700) -> Item:
+    """A user message of about ``words`` tokens, unique to ``n``; ``marked``: an explicit
+    cache breakpoint on its content part."""
+    text = f"message {n}: " + " ".join(f"w{n}x{i}" for i in range(words // 4))
+    part = {"type": "input_text", "text": text, **(MARKED if marked else {})}
+    return {"type": "message", "role": "user", "content": [part]}
+
+
+def priced(items: list[Item]) -> dict[str, Any]:
+    return {"model": BREAKPOINT_MODEL, "input": items, "prompt_cache_key": "k"}
+
+
+def ends(items: list[Item]) -> list[int]:
+    """The tokens up to the end of each item, as the fake counts them (marks left out)."""
+    return list(itertools.accumulate(
+        n for n, _ in TOKENIZER.parts(without_marks(priced(items)))))
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breakpoint_rules_cache_an_append_only_session_exactly_and_bill_the_writes() -> None:
+    by_prefix = PricingUpstream(tokenizer=TOKENIZER)
+    by_breakpoint = PricingUpstream(tokenizer=TOKENIZER, rules="breakpoint")
+    items: list[Item] = []
+    for n in range(6):
+        items.append(said(n))
+        for fake in (by_prefix, by_breakpoint):
+            fake.price(priced(items), [])
+    before = [0, *ends(items)[:-1]]  # each request reads the whole previous one
+    for n, (p, b) in enumerate(zip(by_prefix.bills, by_breakpoint.bills, strict=True)):
+        assert p.input_tokens == b.input_tokens and p.written_tokens == 0
+        read = before[n] if before[n] >= MIN_CACHED_TOKENS else 0
+        assert b.cached_tokens == read  # exactly, no 128-token rounding
+        assert p.cached_tokens == read // BLOCK_TOKENS * BLOCK_TOKENS
+        # The end of the prompt is a breakpoint: once at 1024 tokens, all that is not read is
+        # written.
+        assert b.written_tokens == (b.input_tokens - read
+                                    if b.input_tokens >= MIN_CACHED_TOKENS else 0)
+    assert by_breakpoint.bills[0].written_tokens == 0  # one item: under 1024 tokens
+    assert by_breakpoint.bills[-1].cost(0.1) > by_prefix.bills[-1].cost(0.1)
+
+
+def test_breakpoint_rules_read_nothing_past_a_changed_item_without_a_mark_before_it() -> None:
+    fake = PricingUpstream(tokenizer=TOKENIZER, rules="breakpoint")
+    first = [said(0), said(1), said(2), said(3)]
+    changed = [said(0), said(1), said(9), said(3)]  # the third item differs
+    fake.price(priced(first), [])
+    fake.price(priced(changed), [])
+    assert fake.bills[-1].cached_tokens == 0  # two items (1,448 tokens) match, and count for none
+    prefix = PricingUpstream(tokenizer=TOKENIZER)
+    prefix.price(priced(first), [])
+    prefix.price(priced(changed), [])
+    assert prefix.bills[-1].cached_tokens > 0  # where the prefix rules read them
+
+
+def test_breakpoint_rules_read_up_to_a_marked_item_before_the_change() -> None:
+    fake = PricingUpstream(tokenizer=TOKENIZER, rules="breakpoint")
+    first = [said(0), said(1, marked=True), said(2), said(3)]
+    fake.price(priced(first), [])
+    assert fake.bills[0].written_tokens == fake.bills[0].input_tokens
+    # The mark moved on (a proxy marks its newest stable item): the items are the same tokens.
+    changed = [said(0), said(1), said(9, marked=True), said(3)]
+    fake.price(priced(changed), [])
+    bill = fake.bills[1]
+    assert bill.input_tokens == ends(changed)[-1]
+    assert bill.cached_tokens == ends(first)[1]  # exactly to the marked item's end
+    assert bill.written_tokens == bill.input_tokens - bill.cached_tokens
+    assert bill.cost(0.1, 1.25) == pytest.approx(
+        0.1 * bill.cached_tokens + 1.25 * bill.written_tokens)
+
+
+def test_breakpoint_rules_forget_after_the_idle_ttl_and_a_read_refreshes() -> None:
+    clock = Clock()
+    fake = PricingUpstream(clock=clock, ttl_s=300, tokenizer=TOKENIZER, rules="breakpoint")
+    body = priced([said(0), said(1), said(2)])
+    for clock.now in (0, 250, 500, 801):
+        fake.price(body, [])
+    total = fake.bills[0].input_tokens
+    assert [(b.cached_tokens, b.written_tokens) for b in fake.bills] == [
+        (0, total), (total, 0), (total, 0), (0, total)]  # 301 s idle: written again
+
+
+async def test_breakpoint_fake_refuses_four_marks_and_reports_writes_in_usage() -> None:
+    fake = PricingUpstream(rules="breakpoint")
+    running = await serve(fake.app())
+    try:
+        async with aiohttp.ClientSession() as http:
+            four = priced([said(n, marked=True) for n in range(4)])
+            async with http.post(running.url + "/v1/responses", json=four) as resp:
+                assert resp.status == 400
+                error = (await resp.json())["error"]
+            three = priced([said(n, marked=n < 3) for n in range(4)])
+            async with http.post(running.url + "/v1/responses", json=three) as resp:
+                assert resp.status == 200
+                usage = (await resp.json())["usage"]
+    finally:
+        await running.close()
+    assert error["type"] == "invalid_request_error" and "breakpoints" in error["message"]
+    assert len(fake.bills) == 1  # the refused request was not billed
+    assert usage["input_tokens_details"] == {
+        "cached_tokens": 0, "cache_write_tokens": usage["input_tokens"]}
+
+
+async def test_prefix_rules_report_usage_without_cache_writes() -> None:
+    fake = PricingUpstream()
+    running = await serve(fake.app())
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(running.url + "/v1/responses",
+                                 json=priced([said(0), said(1)])) as resp:
+                usage = (await resp.json())["usage"]
+    finally:
+        await running.close()
+    assert usage["input_tokens_details"] == {"cached_tokens": 0}
+    bill = Bill("k", 1000, 600, 0, 0.0)
+    assert bill.written_tokens == 0 and bill.cost(0.1) == 400 + 60
+
+
 async def test_access_log_has_upstream_usage_and_the_forwarded_ratio(
     start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -280,6 +416,22 @@ async def test_replay_bills_every_request_and_direct_recalls_every_fact(tmp_path
     assert sum(b.input_tokens for b in cut.bills) < sum(b.input_tokens for b in direct.bills)
     assert sum(b.cached_tokens for b in direct.bills) / sum(
         b.input_tokens for b in direct.bills) > 0.8
+
+
+async def test_breakpoint_rules_price_a_direct_session_that_names_a_breakpoint_model(
+    tmp_path: Path,
+) -> None:
+    session = build_session(10)
+    shapes = load_shapes(require_shared(FIXTURES / SHAPE), rules="breakpoint")
+    assert shapes.body["model"] == BREAKPOINT_MODEL
+    run = await run_one(STRATEGIES["direct"], session, shapes, 600, tmp_path, rules="breakpoint")
+    prefix = await run_one(STRATEGIES["direct"], session, shapes_or_skip(), 600, tmp_path)
+    assert run.recall == 1.0 and run.front_misses == 0
+    total = sum(b.input_tokens for b in run.bills)
+    written = sum(b.written_tokens for b in run.bills)
+    assert sum(b.cached_tokens for b in run.bills) + written == total  # append-only: all read
+    assert 0 < written < 0.1 * total  # or written once
+    assert run.cost(0.1) > prefix.cost(0.1)  # the writes cost more than the rounding saves
 
 
 # --- the defaults ----------------------------------------------------------------------------
