@@ -47,6 +47,8 @@ from bench.economics import (
     TOKENIZER,
     Shapes,
     SimClock,
+    add_cache_rules_argument,
+    cache_rules_note,
     chat_memory_call,
     free_port,
     load_shapes,
@@ -55,7 +57,7 @@ from bench.economics import (
     serving,
     strategy_settings,
 )
-from bench.pricing import Bill, PricingUpstream, message
+from bench.pricing import Bill, PricingUpstream, Rules, message
 from config import load_settings
 from proxy.assemble import build_app
 
@@ -486,15 +488,15 @@ class Run:
     searches: Searches = field(default_factory=Searches)
 
     def cost(self, cached_price: float = CACHED_PRICE) -> float:
-        return sum(b.input_tokens - b.cached_tokens + cached_price * b.cached_tokens
-                   for b in self.bills)
+        return sum(b.cost(cached_price) for b in self.bills)
 
 
 async def run_one(strategy_: Strategy, session: Session, shapes: Shapes, data_dir: Path, *,
-                  ttl_s: float = 600.0, limit: int = 220_000) -> Run:
+                  ttl_s: float = 600.0, limit: int = 220_000, rules: Rules = "prefix") -> Run:
     clock = SimClock()
     model = ReplayModel(session)
-    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
+    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER,
+                               rules=rules)
     compact = AutoCompact(limit=limit)
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=600)
@@ -654,6 +656,8 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         "view while the knowledge block offered the chat-memory search, those a search for "
         "the name (the model's first move) brings back.",
         "",
+        cache_rules_note(getattr(args, "cache_rules", "prefix")),
+        "",
         f"Strategies: {strategies}.",
         "",
         table(runs),
@@ -695,7 +699,7 @@ def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
 
 
 async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Run]:
-    shapes = load_shapes()
+    shapes = load_shapes(rules=args.cache_rules)
     strategies = [DIRECT] if "direct" in args.strategies.split(",") else []
     for spec in [PRESETS[n] for n in args.strategies.split(",") if n in PRESETS] + args.strategy:
         try:
@@ -713,7 +717,7 @@ async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Ru
                          else f"{session.repo}-{len(session.tasks)}")
                 data_dir = Path(tmp) / f"{s.name}-{where}"
                 run = await run_one(s, session, shapes, data_dir, ttl_s=args.ttl,
-                                    limit=args.limit)
+                                    limit=args.limit, rules=args.cache_rules)
                 print(f"  {session.repo:12s} {session.kind:9s} {s.name:9s} "
                       f"{len(run.bills):4d} requests {run.compactions} compactions "
                       f"{run.seconds:6.1f}s", file=sys.stderr)
@@ -740,6 +744,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help=f"comma-separated, of: direct, {', '.join(PRESETS)}")
     parser.add_argument("--strategy", action="append", default=[], metavar="NAME:K=V,K=V",
                         help="an extra proxy strategy: the defaults with these settings")
+    add_cache_rules_argument(parser)
     parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
     parser.add_argument("--limit", type=int, default=220_000,
                         help="the client's auto-compaction limit, reported input tokens")

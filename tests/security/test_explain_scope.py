@@ -19,7 +19,7 @@ from proxy.cli import main
 from tests.conftest import ProxyFactory
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream
-from tests.knowledge.test_chat_memory import FACT, chat_memory, with_call
+from tests.knowledge.test_chat_memory import FACT, chat_memory, past_a_cut, with_call
 from tests.knowledge.test_discovery_e2e import block_of, run_curl
 from tests.memory.conftest import Backend, backend, pg_url
 from tests.memory.session import Session, settle
@@ -104,6 +104,7 @@ async def test_explain_captures_and_logs_hold_no_working_capability_token(
     proxy = await start(start_proxy, backend, capture_dir=tmp_path / "captured")
     alice = Session(proxy, upstream, session_id="sess-alice", headers=as_(ALICE, "uk-alice"))
     await alice.say(f"Note for later: {FACT}")
+    await past_a_cut(alice)
     await settle(proxy)
     await alice.say("What port does staging use?")
 
