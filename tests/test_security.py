@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import psycopg
 import pytest
 from aiohttp import web
 from lxml import etree
@@ -32,7 +31,7 @@ from tests.fakes.server import free_port, serve
 from tests.fakes.upstream import FakeUpstream, Received
 from tests.knowledge.fake_core import FakeCore
 from tests.knowledge.wikis import add_wiki, ctxproxy, write_wiki
-from tests.memory.conftest import require_pg_url, with_search_path
+from tests.memory.conftest import fresh_schema, require_pg_url
 from tests.memory.session import developer_memory, memory_text, runtime, settle, standing_memory
 
 Capsys = pytest.CaptureFixture[str]
@@ -126,15 +125,8 @@ def store_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[d
     if request.param == "sqlite":
         yield {}
         return
-    base = require_pg_url()
-    schema = f"t_sec_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield {"store_url": with_search_path(base, schema)}
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with fresh_schema(require_pg_url(), "t_sec") as url:
+        yield {"store_url": url}
 
 
 def plant_wikis(who: Sequence[Who], capsys: Capsys, tmp_path: Path) -> dict[str, str]:

@@ -51,8 +51,31 @@ def fresh_schema(base: str, prefix: str = "t") -> Iterator[str]:
     try:
         yield with_search_path(base, schema)
     finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        drop_schema(base, schema)
+
+
+# Holders of the schema's locks. A proxy of a failed test may still be running (fixtures are
+# torn down in reverse order, this one before the proxy's) with a write in flight on the test's
+# event loop, which this blocking teardown stops: its lock would hold the DROP forever.
+LOCKERS = """
+SELECT DISTINCT l.pid FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND l.pid <> pg_backend_pid()
+"""
+
+
+def drop_schema(base: str, schema: str) -> None:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '2s'")
+        for _ in range(5):
+            for (pid,) in conn.execute(LOCKERS, (schema,)).fetchall():
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            try:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                return
+            except psycopg.errors.LockNotAvailable:
+                continue
+        raise AssertionError(f"schema {schema} is still locked")
 
 
 @pytest.fixture
