@@ -542,7 +542,7 @@ def table(runs: Sequence[Run]) -> str:
         base = groups.get((repo, kind, DIRECT.name))
         bills = [b for run in group for b in run.bills]
         total, cached = sum(b.input_tokens for b in bills), sum(b.cached_tokens for b in bills)
-        ratio = (f"{sum(r.cost() for r in group) / sum(r.cost() for r in base):.2f}x"
+        ratio = (f"{sum(r.cost() for r in group) / sum(r.cost() for r in base):.3f}x"
                  if base else "-")
         dearest = max((r.cost() / direct[r.session.thread] for r in group
                        if direct.get(r.session.thread)), default=None)

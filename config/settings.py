@@ -140,9 +140,9 @@ class Settings(BaseSettings):
     )
     cut_digest_chars: int = Field(
         16000, ge=0,
-        description="After a cut, tell the model what was cut: the newest cut turns' prompts, "
-        "commands and answers, shortened, in one <earlier_turns> message of at most this many "
-        "characters; 0: off.",
+        description="After a cut, tell the model what was cut: a map of the newest cut turns "
+        "(each prompt's start and the paths and names its commands and their output used) in "
+        "one <earlier_turns> message of at most this many characters; 0: off.",
     )
     window_max_tokens: int = Field(
         120_000, ge=0,

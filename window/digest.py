@@ -1,4 +1,4 @@
-"""What the window tells the model about the turns it cut: their prompts, calls and answers."""
+"""What the window tells the model about the turns it cut: their prompts and the names they used."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cachetools import LRUCache
 from injectors import cut_digest
 from injectors.bounds import whole_words
 from injectors.redact import redact_all
-from request import History, Identity, Item, message_text, output_text
+from request import History, Identity, Item, output_text
 
 __all__ = ["Digests", "digest_message"]
 
@@ -69,42 +69,33 @@ def _names(text: str, seen: dict[str, None]) -> None:
 
 @dataclass
 class _Read:
-    """A turn's texts as the digest reads them, in one list to be redacted together: each
-    call's tool name and command, the texts read for names, then its prompt and answer."""
+    """A turn's texts as the digest reads them, in one list to be redacted together: the
+    texts read for names, then its prompt."""
 
     texts: list[str] = field(default_factory=list)
-    calls: list[tuple[int, int]] = field(default_factory=list)  # (name, command) in texts
     scans: list[tuple[int, bool]] = field(default_factory=list)  # (in texts, is an output)
 
-    def add(self, text: str, chars: int) -> int:
+    def add(self, text: str, is_output: bool = False) -> None:
         # Cut before redaction, so whole words only: the cut would hide half a key.
-        self.texts.append(whole_words(text, chars))
-        return len(self.texts) - 1
+        self.texts.append(whole_words(text, OUTPUT_SCAN_CHARS))
+        self.scans.append((len(self.texts) - 1, is_output))
 
 
 def _read(history: History, n: int) -> _Read:
     read = _Read()
-    answer = ""
     for item in history.turn_items(n)[1:]:
         kind = item.get("type", "message")
-        if kind == "message" and item.get("role") == "assistant":
-            answer = message_text(item) or answer
-        elif kind == "reasoning":
+        if kind == "reasoning":
             summary = item.get("summary")
             if isinstance(summary, list):
-                read.scans += [(read.add(part["text"], OUTPUT_SCAN_CHARS), False)
-                               for part in summary[:8]
-                               if isinstance(part, dict) and isinstance(part.get("text"), str)]
+                for part in summary[:8]:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        read.add(part["text"])
         elif isinstance(kind, str) and kind.endswith("_call"):
-            name = item.get("name")
-            call = read.add(name if isinstance(name, str) else kind, cut_digest.CALL_CHARS)
-            what = read.add(_what(item), OUTPUT_SCAN_CHARS)
-            read.calls.append((call, what))
-            read.scans.append((what, False))
+            read.add(_what(item))
         elif isinstance(kind, str) and kind.endswith("_call_output"):
-            read.scans.append((read.add(output_text(item), OUTPUT_SCAN_CHARS), True))
-    read.add(history.prompt_text(n), cut_digest.PROMPT_CHARS * 4)
-    read.add(answer, cut_digest.ANSWER_CHARS * 4)
+            read.add(output_text(item), is_output=True)
+    read.texts.append(whole_words(history.prompt_text(n), cut_digest.PROMPT_CHARS * 4))
     return read
 
 
@@ -115,7 +106,7 @@ def _cut_turn(
     # Every text is redacted before anything is taken from it: a name pulled out of
     # "DB_PASSWORD=..." leaves the value where no rule knows it for one. Redacted together:
     # one ask of the secret rules for the whole turn (see redact_all).
-    *texts, prompt, answer = clean(read.texts)
+    *texts, prompt = clean(read.texts)
     # The names the turn worked with, each once, newest last: what its outputs showed, then
     # what the model itself wrote (its commands, its reasoning summaries), which later
     # commands reuse most.
@@ -124,10 +115,7 @@ def _cut_turn(
     for at, is_output in read.scans:
         _names(texts[at], seen if is_output else used)
     names = [*(name for name in seen if name not in used), *used][-MAX_NAMES:]
-    return cut_digest.CutTurn(
-        n + 1, prompt, tuple((texts[call], texts[what]) for call, what in read.calls),
-        answer, tuple(names),
-    )
+    return cut_digest.CutTurn(n + 1, prompt, tuple(names))
 
 
 def digest_message(

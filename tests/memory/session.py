@@ -117,6 +117,7 @@ def developer_memory(body: dict[str, Any]) -> list[tuple[int, str]]:
     return [
         (n, codex_text(i)) for n, i in enumerate(body["input"])
         if n != standing and i.get("role") == "developer" and "_memory" in codex_text(i)
+        and not codex_text(i).startswith("<earlier_turns")  # the digest may name a block
     ]
 
 

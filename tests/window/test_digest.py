@@ -55,7 +55,7 @@ def digest_of(items: list[Item]) -> etree._Element | None:
     return None
 
 
-async def test_a_cut_leaves_the_cut_turns_prompts_commands_and_names() -> None:
+async def test_a_cut_leaves_the_cut_turns_prompts_and_the_names_they_used() -> None:
     step = WindowStep(2, policy=None, digest_chars=8000)  # the fixed window: cut to 2 turns
     items = [*codex.context_items(), *task(1), *task(2), *task(3),
              codex.text("user", "task 4: go on")]
@@ -67,9 +67,10 @@ async def test_a_cut_leaves_the_cut_turns_prompts_commands_and_names() -> None:
     first = digest.find("turn")
     assert first is not None
     assert "task 1: fix src/mod_1/core.py" in (first.findtext("prompt") or "")
-    assert [c.text for c in first.findall("call")] == [f"grep -n helper_1_{c} src/"
-                                                       for c in range(3)]
-    assert "src/found_1_0.py" in (first.findtext("seen") or "")
+    # A map, not a transcript: the names its commands and their outputs used, no commands.
+    assert first.find("call") is None
+    assert {f"helper_1_{c}" for c in range(3)} | {"src/found_1_0.py"} <= set(
+        (first.findtext("seen") or "").split())
     # A name both turns showed is told once, with the newer turn.
     second = digest.findall("turn")[1]
     assert "ParserState" in (second.findtext("seen") or "")
@@ -115,8 +116,8 @@ def test_the_digest_names_what_the_model_wrote_beyond_the_shown_command() -> Non
 
 
 def test_the_digest_keeps_to_its_budget_newest_turns_first() -> None:
-    turns = [CutTurn(n, f"prompt {n} " * 50, tuple(("exec", f"cmd {n} {c}") for c in range(40)),
-                     f"answer {n}", (f"name_{n}",)) for n in range(1, 30)]
+    turns = [CutTurn(n, f"prompt {n} " * 50, tuple(f"name_{n}_{c}" for c in range(40)))
+             for n in range(1, 30)]
     text = render(reversed(turns), 3000)
     assert text is not None and len(text) <= 3000
     shown = [t.get("n") for t in etree.fromstring(text.encode()).findall("turn")]
