@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from config import describe_settings
+from ctxproxy.config import describe_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- settings:begin -->", "<!-- settings:end -->"

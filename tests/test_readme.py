@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config import describe_settings
+from ctxproxy.config import describe_settings
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
