@@ -9,7 +9,9 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/ctxproxy
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# Every package of the project (tests/test_image.py checks none is left out).
+# The one package, ctxproxy (its entries link to the folders below), and every folder it links
+# to (tests/test_image.py checks none is left out).
+COPY ctxproxy ctxproxy
 COPY config config
 COPY request request
 COPY injectors injectors

@@ -23,13 +23,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench import _session
 from bench._upstream import answer_events
-from config import load_settings
-from config.logs import JsonFormatter, fields
-from proxy.headers import request_headers, response_headers
-from proxy.metrics import Metrics
-from proxy.sse import UsageTap
-from request import Exchange, has_lossy_number
-from window.policy import window
+from ctxproxy.config import load_settings
+from ctxproxy.config.logs import JsonFormatter, fields
+from ctxproxy.proxy.headers import request_headers, response_headers
+from ctxproxy.proxy.metrics import Metrics
+from ctxproxy.proxy.sse import UsageTap
+from ctxproxy.request import Exchange, has_lossy_number
+from ctxproxy.window.policy import window
 
 TURNS = 30
 

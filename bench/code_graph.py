@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench._results import write_block
-from knowledge.code_index import index_repository
-from knowledge.store import FILENAME, Catalogue
+from ctxproxy.knowledge.code_index import index_repository
+from ctxproxy.knowledge.store import FILENAME, Catalogue
 
 SECTION = "## Code graph indexing"
 BEGIN = "<!-- code-graph:begin (written by bench/code_graph.py) -->"

@@ -25,10 +25,10 @@ import aiohttp
 
 from bench._checkout import revision
 from bench._results import write_block
-from config import load_settings
-from ledger.model import Record
-from ledger.stores import make_ledger
-from proxy.assemble import build_app
+from ctxproxy.config import load_settings
+from ctxproxy.ledger.model import Record
+from ctxproxy.ledger.stores import make_ledger
+from ctxproxy.proxy.assemble import build_app
 from tests.fakes.server import free_port, serve
 from tests.memory.conftest import fresh_schema
 

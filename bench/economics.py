@@ -64,10 +64,10 @@ from bench.pricing import (
     Rules,
     message,
 )
-from config import Settings, load_settings
-from knowledge.store import FILENAME, Catalogue
-from knowledge.wiki import Page
-from proxy.assemble import build_app
+from ctxproxy.config import Settings, load_settings
+from ctxproxy.knowledge.store import FILENAME, Catalogue
+from ctxproxy.knowledge.wiki import Page
+from ctxproxy.proxy.assemble import build_app
 
 Item = dict[str, Any]
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"

@@ -34,8 +34,8 @@ import re2
 
 from bench._results import write_block
 from bench.overhead import machine
-from injectors import tokens
-from injectors.redact import redact, redact_all
+from ctxproxy.injectors import tokens
+from ctxproxy.injectors.redact import redact, redact_all
 
 SECTION = "## The event loop beside worker threads"
 BEGIN = "<!-- gil-convoy:begin (written by bench/gil_convoy.py) -->"

@@ -27,10 +27,10 @@ import types
 from collections.abc import Callable, Sequence
 
 from bench._results import write_block
-from injectors import redact as redact_module
-from injectors.redact import redact
-from memory.distill import Group, Mention, gather, resolve
-from memory.statements import claims, constraints
+from ctxproxy.injectors import redact as redact_module
+from ctxproxy.injectors.redact import redact
+from ctxproxy.memory.distill import Group, Mention, gather, resolve
+from ctxproxy.memory.statements import claims, constraints
 from tests.memory.test_linear_time import SHAPES
 
 SECTION = "## Hostile text"

@@ -81,7 +81,7 @@ def add_wiki(workdir: Path, data_dir: Path) -> str:
         (docs / name).write_text(text)
     env = _server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
     out = subprocess.run(
-        [sys.executable, "-m", "proxy", "knowledge", "add-wiki", "--team", TEAM, "--name",
+        [sys.executable, "-m", "ctxproxy.proxy", "knowledge", "add-wiki", "--team", TEAM, "--name",
          "Ledger docs", "--summary", "Design notes of the ledger service", str(docs)],
         env=env, check=True, capture_output=True, text=True,
     )

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from bench import _session
 from bench._results import write_block
-from memory import lanes
-from memory.model import Memory, Scope
-from memory.store_sqlite import SqliteStore
+from ctxproxy.memory import lanes
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.store_sqlite import SqliteStore
 
 SECTION = "## A turn's write behind episode writes"
 BEGIN = "<!-- lanes:begin (written by bench/lanes.py) -->"

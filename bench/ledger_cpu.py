@@ -36,14 +36,14 @@ from bench._checkout import revision
 from bench._results import write_block
 from bench._upstream import create_app as upstream_app
 from bench.load import SCRIPTS, Script, Thread, knowledge
-from config import load_settings
-from injectors import tokens
-from ledger.counterfactual import PartCounter
-from ledger.measure import Measurer, Pending
-from ledger.model import Record
-from proxy import ledger_wiring
-from proxy.app import Access, Sent
-from proxy.assemble import build_app
+from ctxproxy.config import load_settings
+from ctxproxy.injectors import tokens
+from ctxproxy.ledger.counterfactual import PartCounter
+from ctxproxy.ledger.measure import Measurer, Pending
+from ctxproxy.ledger.model import Record
+from ctxproxy.proxy import ledger_wiring
+from ctxproxy.proxy.app import Access, Sent
+from ctxproxy.proxy.assemble import build_app
 from tests.fakes.server import free_port, serve
 from tests.ledger import reference
 

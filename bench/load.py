@@ -8,7 +8,7 @@
 Processes on loopback: the fake upstream (bench/_upstream.py, its 70 SSE events ``--pace-ms``
 apart, as a model streams tokens; each answer's pace varies by up to ``--jitter``, as answers
 take more or less time, so that sessions started together do not stay in step), ctxproxy
-(``python -m proxy serve``: SQLite memory in a temporary data dir, a wiki added with the
+(``python -m ctxproxy.proxy serve``: SQLite memory in a temporary data dir, a wiki added with the
 knowledge CLI and bound to every agent), and this client. Each of ``--sessions`` virtual users
 (over connections of its own, as each Codex process has) runs Codex threads back to back:
 every turn sends the history so far plus the new prompt, then, for each round of tool calls,
@@ -63,8 +63,8 @@ from bench._upstream import ANSWER_HEADER, answer_events, item_events
 from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
 from bench.recall import backend
 from bench.trajectories import Task, load_tasks, task_items
-from memory.store_pg import PostgresStore
-from memory.store_sqlite import SqliteStore
+from ctxproxy.memory.store_pg import PostgresStore
+from ctxproxy.memory.store_sqlite import SqliteStore
 
 SECTION = "## Load"
 BEGIN, END = "<!-- load:begin (written by bench/load.py) -->", "<!-- load:end -->"
@@ -348,7 +348,7 @@ def knowledge(workdir: Path, data_dir: Path) -> str:
     env = _server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
 
     def cli(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "proxy", "knowledge", *args], env=env,
+        done = subprocess.run([sys.executable, "-m", "ctxproxy.proxy", "knowledge", *args], env=env,
                               check=True, capture_output=True, text=True)
         return done.stdout
 
@@ -646,9 +646,9 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         + (f", its first {args.first_byte_ms:g} ms after the request" if args.first_byte_ms
            else "")
         + ("; PostgreSQL memory store; " if args.pg_url else "; SQLite memory store; ")
-        + ("ctxproxy as one process (`python -m proxy serve`)." if args.workers == 1 else
+        + ("ctxproxy as one process (`python -m ctxproxy.proxy serve`)." if args.workers == 1 else
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
-           f"(`CTXPROXY_WORKERS={args.workers} python -m proxy serve`)."),
+           f"(`CTXPROXY_WORKERS={args.workers} python -m ctxproxy.proxy serve`)."),
         f"The sessions go on from a {args.warmup_seconds:g} s warm-up, which is not counted in "
         "the rows but its own (every session new to the proxy, all arriving within one answer's "
         "time: as after a restart).",

@@ -4,13 +4,13 @@
     python -m bench.overhead --quick --no-write
     python -m bench.overhead --profile /tmp/proxy.prof [--concurrency 32]   # cProfile the proxy
 
-The fake upstream (bench/_upstream.py) and ctxproxy (``python -m proxy serve``) run as their own
-processes on loopback; this process is the client. The same ~150 KB, 30-turn Codex request goes
-straight to the upstream and through three proxies: ctxproxy with the default window (it cuts 25
-of the 30 turns, so the body is parsed, cut and re-serialised), ctxproxy with a window that keeps
-everything (parsed, then the client's original bytes are forwarded), and, for reference, a bare
-aiohttp relay (bench/_naive.py). CPU times are read from /proc for each server process. Each
-figure is the median over repeated rounds, because the machine is shared.
+The fake upstream (bench/_upstream.py) and ctxproxy (``python -m ctxproxy.proxy serve``) run as
+their own processes on loopback; this process is the client. The same ~150 KB, 30-turn Codex
+request goes straight to the upstream and through three proxies: ctxproxy with the default window
+(it cuts 25 of the 30 turns, so the body is parsed, cut and re-serialised), ctxproxy with a window
+that keeps everything (parsed, then the client's original bytes are forwarded), and, for
+reference, a bare aiohttp relay (bench/_naive.py). CPU times are read from /proc for each server
+process. Each figure is the median over repeated rounds, because the machine is shared.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def proxy_cmd(profile: Path | None = None) -> list[str]:
     prefix = [sys.executable]
     if profile is not None:
         prefix += ["-m", "cProfile", "-o", str(profile)]
-    return [*prefix, "-m", "proxy", "serve"]
+    return [*prefix, "-m", "ctxproxy.proxy", "serve"]
 
 
 def start_proxy(name: str, upstream: Proc, workdir: Path, keep_turns: int | None = None,

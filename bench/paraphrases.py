@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memory.words import terms
+from ctxproxy.memory.words import terms
 
 __all__ = [
     "ABSENT", "ABSENT_HELD_OUT", "HELD_OUT", "PARAPHRASES", "SETS", "Paraphrase", "shared_words",

@@ -34,9 +34,9 @@ import psycopg
 
 from bench._results import write_block
 from bench.overhead import machine
-from memory import store_pg
-from memory.model import Memory, Scope
-from memory.store_pg import PostgresStore
+from ctxproxy.memory import store_pg
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.store_pg import PostgresStore
 from tests.memory.conftest import fresh_schema
 
 SECTION = "## PostgreSQL search while memories arrive"

@@ -35,7 +35,7 @@ from aiohttp import web
 
 # The serialisation and the cache rule's constants are the ledger's: its counterfactual must
 # count what this fake bills.
-from ledger.counterfactual import BLOCK_TOKENS, MIN_CACHED_TOKENS, prompt_parts
+from ctxproxy.ledger.counterfactual import BLOCK_TOKENS, MIN_CACHED_TOKENS, prompt_parts
 
 Item = dict[str, Any]
 Clock = Callable[[], float]

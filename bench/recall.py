@@ -47,13 +47,13 @@ from aiohttp import web
 from bench import _session
 from bench._results import RESULTS, write_block
 from bench._upstream import answer_events
-from config import Settings, load_settings
-from injectors import tokens
-from memory.model import Memory, MemoryType, Scope, Store, user_ref
-from memory.stores import make_store
-from proxy.app import PIPELINE
-from proxy.assemble import build_app
-from request import Exchange, Step
+from ctxproxy.config import Settings, load_settings
+from ctxproxy.injectors import tokens
+from ctxproxy.memory.model import Memory, MemoryType, Scope, Store, user_ref
+from ctxproxy.memory.stores import make_store
+from ctxproxy.proxy.app import PIPELINE
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.request import Exchange, Step
 
 SECTION = "## Memory recall"
 BEGIN, END = "<!-- recall:begin (written by bench/recall.py) -->", "<!-- recall:end -->"

@@ -52,16 +52,16 @@ import orjson
 from bench import recall as lexical
 from bench._results import RESULTS, write_block
 from bench.paraphrases import PARAPHRASES, SETS, Paraphrase, shared_words
-from config import load_settings
-from memory.embed import HttpEmbedder
-from memory.indexer import Indexer
-from memory.model import Hit, Memory
-from memory.recall import Candidate, Recaller, fuse
-from memory.stores import make_store
-from memory.vectors import VectorRow, content_digest, pack
-from proxy.app import METRICS, PIPELINE
-from proxy.assemble import build_app
-from proxy.memory_wiring import MEMORY
+from ctxproxy.config import load_settings
+from ctxproxy.memory.embed import HttpEmbedder
+from ctxproxy.memory.indexer import Indexer
+from ctxproxy.memory.model import Hit, Memory
+from ctxproxy.memory.recall import Candidate, Recaller, fuse
+from ctxproxy.memory.stores import make_store
+from ctxproxy.memory.vectors import VectorRow, content_digest, pack
+from ctxproxy.proxy.app import METRICS, PIPELINE
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.proxy.memory_wiring import MEMORY
 
 SECTION = "## Hybrid recall"
 BEGIN = "<!-- recall-hybrid:begin (appended by bench/recall_hybrid.py) -->"

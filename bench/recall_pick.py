@@ -52,12 +52,12 @@ IN_VIEW = 4  # the session's earlier recalls still in the window
 
 async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dict[str, Any]:
     # Imported here: with --before, a child process puts the old tree first on sys.path.
-    from injectors import memory_blocks, tokens
-    from memory.model import Scope
-    from memory.recall import Recaller, Weights
-    from memory.step import _texts
-    from memory.store_sqlite import SqliteStore
-    from proxy.memory_wiring import _cost
+    from ctxproxy.injectors import memory_blocks, tokens
+    from ctxproxy.memory.model import Scope
+    from ctxproxy.memory.recall import Recaller, Weights
+    from ctxproxy.memory.step import _texts
+    from ctxproxy.memory.store_sqlite import SqliteStore
+    from ctxproxy.proxy.memory_wiring import _cost
 
     async def here(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)

@@ -23,7 +23,7 @@ from unittest import mock
 
 from bench._results import write_block
 from bench.trajectories import load_tasks
-from injectors import redact as redact_module
+from ctxproxy.injectors import redact as redact_module
 
 SECTION = "## Redaction of real text"
 BEGIN = "<!-- redact-real:begin (written by bench/redact_real.py) -->"

@@ -58,8 +58,8 @@ from bench.economics import (
     strategy_settings,
 )
 from bench.pricing import Bill, PricingUpstream, Rules, message
-from config import load_settings
-from proxy.assemble import build_app
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
 
 Item = dict[str, Any]
 TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "trajectories"

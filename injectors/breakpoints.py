@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from request import Exchange, Item, is_context, is_message
+from ctxproxy.request import Exchange, Item, is_context, is_message
 
 __all__ = [
     "MARK_KEY", "MAX_MARKS", "Breakpoints", "client_marks", "context_end", "place", "unmarked",

@@ -28,8 +28,8 @@ from typing import Any
 
 import re2
 
-from injectors.bounds import RECORD_CHARS, WHITESPACE, cut_mark, ends, whole_words
-from injectors.secret_rules import rules, spans
+from ctxproxy.injectors.bounds import RECORD_CHARS, WHITESPACE, cut_mark, ends, whole_words
+from ctxproxy.injectors.secret_rules import rules, spans
 
 __all__ = ["MARK", "redact", "redact_all"]
 

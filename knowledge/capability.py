@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from injectors.knowledge_block import CAPABILITY_HEADER as HEADER
+from ctxproxy.injectors.knowledge_block import CAPABILITY_HEADER as HEADER
 
 __all__ = ["HEADER", "CapabilityKey", "Grant", "check", "mint"]
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from config import Settings
-from knowledge.code_index import index_repository
-from knowledge.store import FILENAME, Catalogue, WrongType
-from knowledge.wiki import read_pages
-from request import user_digest
+from ctxproxy.config import Settings
+from ctxproxy.knowledge.code_index import index_repository
+from ctxproxy.knowledge.store import FILENAME, Catalogue, WrongType
+from ctxproxy.knowledge.wiki import read_pages
+from ctxproxy.request import user_digest
 
 Command = Callable[[Settings, argparse.Namespace], int]
 

@@ -18,9 +18,9 @@ import httpx
 import orjson
 from prometheus_client import Counter
 
-from config.logs import fields
-from knowledge.cache import TtlCache
-from knowledge.model import (
+from ctxproxy.config.logs import fields
+from ctxproxy.knowledge.cache import TtlCache
+from ctxproxy.knowledge.model import (
     DEFAULT_PRIORITY,
     Asset,
     BoundAsset,
@@ -29,7 +29,7 @@ from knowledge.model import (
     parse_binding,
     parse_item,
 )
-from request import user_digest
+from ctxproxy.request import user_digest
 
 __all__ = ["MAX_IDS", "Core", "CoreError", "Discovery", "HttpCore"]
 

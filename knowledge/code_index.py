@@ -18,11 +18,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
-from knowledge.code_parse import ParsedFile, language_of, parse
-from knowledge.code_store import IndexedFile, Repo, stored_digests, sync_code
-from knowledge.folder import Skipped, Walker, read_inside
-from knowledge.model import repo_slug
-from knowledge.store import Catalogue, SyncResult
+from ctxproxy.knowledge.code_parse import ParsedFile, language_of, parse
+from ctxproxy.knowledge.code_store import IndexedFile, Repo, stored_digests, sync_code
+from ctxproxy.knowledge.folder import Skipped, Walker, read_inside
+from ctxproxy.knowledge.model import repo_slug
+from ctxproxy.knowledge.store import Catalogue, SyncResult
 
 __all__ = ["index_repository", "read_repo"]
 

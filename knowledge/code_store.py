@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from knowledge.code_parse import ParsedFile
-from knowledge.store import Catalogue, SyncResult
+from ctxproxy.knowledge.code_parse import ParsedFile
+from ctxproxy.knowledge.store import Catalogue, SyncResult
 
 __all__ = ["IndexedFile", "Repo", "identifier_words", "stored_digests", "sync_code"]
 

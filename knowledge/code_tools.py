@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from knowledge import code_store
-from knowledge.code_store import identifier_words
-from knowledge.params import (
+from ctxproxy.knowledge import code_store
+from ctxproxy.knowledge.code_store import identifier_words
+from ctxproxy.knowledge.params import (
     Body,
     ServiceError,
     choice,
@@ -21,7 +21,7 @@ from knowledge.params import (
     optional_string,
     string,
 )
-from knowledge.store import Catalogue
+from ctxproxy.knowledge.store import Catalogue
 
 __all__ = ["CODE_TOOLS", "call_code_tool"]
 

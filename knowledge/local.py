@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from knowledge.capability import Grant
-from knowledge.model import Asset
-from knowledge.params import Body
-from request import Identity
+from ctxproxy.knowledge.capability import Grant
+from ctxproxy.knowledge.model import Asset
+from ctxproxy.knowledge.params import Body
+from ctxproxy.request import Identity
 
 __all__ = ["LocalAssets"]
 

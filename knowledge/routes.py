@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from config.settings import SERVICE_ID_PATTERN
-from knowledge.capability import HEADER, CapabilityKey, Grant, check
-from knowledge.local import LocalAssets
-from knowledge.params import Body
-from knowledge.service import EmbeddedCore, ServiceError
+from ctxproxy.config.settings import SERVICE_ID_PATTERN
+from ctxproxy.knowledge.capability import HEADER, CapabilityKey, Grant, check
+from ctxproxy.knowledge.local import LocalAssets
+from ctxproxy.knowledge.params import Body
+from ctxproxy.knowledge.service import EmbeddedCore, ServiceError
 
 __all__ = ["EMBEDDED", "TOOL_ROUTES", "add_routes", "add_tool_routes"]
 

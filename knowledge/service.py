@@ -13,15 +13,15 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from knowledge.capability import Grant
-from knowledge.client import MAX_IDS, CoreError, parse_bindings, parse_items
-from knowledge.code_tools import CODE_TOOLS, call_code_tool
-from knowledge.model import BoundAsset, KnowledgeItem
-from knowledge.params import Body, ServiceError
-from knowledge.params import integer as _integer
-from knowledge.params import string as _string
-from knowledge.store import Catalogue
-from request import user_digest
+from ctxproxy.knowledge.capability import Grant
+from ctxproxy.knowledge.client import MAX_IDS, CoreError, parse_bindings, parse_items
+from ctxproxy.knowledge.code_tools import CODE_TOOLS, call_code_tool
+from ctxproxy.knowledge.model import BoundAsset, KnowledgeItem
+from ctxproxy.knowledge.params import Body, ServiceError
+from ctxproxy.knowledge.params import integer as _integer
+from ctxproxy.knowledge.params import string as _string
+from ctxproxy.knowledge.store import Catalogue
+from ctxproxy.request import user_digest
 
 __all__ = ["WIKI_TOOLS", "EmbeddedCore", "LocalCore", "ServiceError"]
 

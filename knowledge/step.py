@@ -7,13 +7,13 @@ from collections.abc import Callable, Sequence
 
 from cachetools import LRUCache
 
-from injectors.instructions import append_block
-from injectors.knowledge_block import render
-from knowledge.capability import CapabilityKey, Grant, mint
-from knowledge.client import Discovery
-from knowledge.local import LocalAssets
-from knowledge.model import Asset
-from request import Exchange, Identity
+from ctxproxy.injectors.instructions import append_block
+from ctxproxy.injectors.knowledge_block import render
+from ctxproxy.knowledge.capability import CapabilityKey, Grant, mint
+from ctxproxy.knowledge.client import Discovery
+from ctxproxy.knowledge.local import LocalAssets
+from ctxproxy.knowledge.model import Asset
+from ctxproxy.request import Exchange, Identity
 
 __all__ = ["KnowledgeStep"]
 

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from config.files import private_file, wal
-from knowledge.wiki import Page
+from ctxproxy.config.files import private_file, wal
+from ctxproxy.knowledge.wiki import Page
 
 __all__ = ["FILENAME", "Catalogue", "SyncResult", "WrongType"]
 

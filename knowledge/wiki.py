@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TextIO
 
-from knowledge.folder import Walker
+from ctxproxy.knowledge.folder import Walker
 
 __all__ = ["Page", "read_pages"]
 

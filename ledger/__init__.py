@@ -2,8 +2,8 @@
 what the same request would have cost sent directly, and the reports read from the rows
 (``ctxproxy stats``, the ``/ui`` pages)."""
 
-from ledger.model import Group, Ledger, LedgerError, Record, Totals
-from ledger.prices import Price, Prices, parse_prices
+from ctxproxy.ledger.model import Group, Ledger, LedgerError, Record, Totals
+from ctxproxy.ledger.prices import Price, Prices, parse_prices
 
 __all__ = [
     "Group", "Ledger", "LedgerError", "Price", "Prices", "Record", "Totals", "parse_prices",

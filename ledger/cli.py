@@ -12,11 +12,19 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from config import Settings
-from ledger.model import GROUPS, Group, LedgerError, Totals
-from ledger.prices import Prices
-from ledger.report import ESTIMATE_NOTE, parse_since, percent, summarize, tokens, total, usd
-from ledger.stores import make_ledger
+from ctxproxy.config import Settings
+from ctxproxy.ledger.model import GROUPS, Group, LedgerError, Totals
+from ctxproxy.ledger.prices import Prices
+from ctxproxy.ledger.report import (
+    ESTIMATE_NOTE,
+    parse_since,
+    percent,
+    summarize,
+    tokens,
+    total,
+    usd,
+)
+from ctxproxy.ledger.stores import make_ledger
 
 __all__ = ["register", "stats"]
 

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from injectors import tokens
-from ledger.counterfactual import DirectCache, PartCounter, cacheable
-from ledger.model import LedgerError, Record
+from ctxproxy.injectors import tokens
+from ctxproxy.ledger.counterfactual import DirectCache, PartCounter, cacheable
+from ctxproxy.ledger.model import LedgerError, Record
 
 __all__ = ["Bodies", "Counting", "InProcess", "InThread", "Measurer", "Pending"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from config import Settings
+from ctxproxy.config import Settings
 
 __all__ = ["DEFAULT_PRICES", "Price", "Prices", "parse_prices"]
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from ledger.measure import Counting, Pending
-from ledger.model import Ledger, LedgerError
+from ctxproxy.ledger.measure import Counting, Pending
+from ctxproxy.ledger.model import Ledger, LedgerError
 
 __all__ = ["DropReason", "Recorder"]
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.model import Totals
-from ledger.prices import Prices
+from ctxproxy.ledger.model import Totals
+from ctxproxy.ledger.prices import Prices
 
 __all__ = [
     "ESTIMATE_NOTE", "Row", "parse_since", "percent", "summarize", "tokens", "total", "usd",

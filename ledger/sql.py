@@ -14,7 +14,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.model import RECORD_COLUMNS, Group, Record, Totals
+from ctxproxy.ledger.model import RECORD_COLUMNS, Group, Record, Totals
 
 __all__ = [
     "COLUMNS", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2", "TABLE",

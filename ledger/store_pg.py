@@ -10,8 +10,8 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from ledger.model import Group, LedgerError, Record, ScopeKey, Totals
-from ledger.sql import (
+from ctxproxy.ledger.model import Group, LedgerError, Record, ScopeKey, Totals
+from ctxproxy.ledger.sql import (
     HOUR,
     INSERT_COLUMNS,
     ROLLUP,

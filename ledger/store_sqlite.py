@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from config.files import private_file, wal
-from ledger.model import Group, LedgerError, Record, ScopeKey, Totals
-from ledger.sql import (
+from ctxproxy.config.files import private_file, wal
+from ctxproxy.ledger.model import Group, LedgerError, Record, ScopeKey, Totals
+from ctxproxy.ledger.sql import (
     HOUR,
     INSERT_COLUMNS,
     ROLLUP,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from config import Settings
-from ledger.model import Ledger
+from ctxproxy.config import Settings
+from ctxproxy.ledger.model import Ledger
 
 LEDGER_FILE = "requests.sqlite3"
 
@@ -11,9 +11,9 @@ LEDGER_FILE = "requests.sqlite3"
 def make_ledger(settings: Settings) -> Ledger:
     """PostgreSQL when ``CTXPROXY_STORE_URL`` is set, else SQLite in the data directory."""
     if settings.store_url:
-        from ledger.store_pg import PostgresLedger
+        from ctxproxy.ledger.store_pg import PostgresLedger
 
         return PostgresLedger(settings.store_url)
-    from ledger.store_sqlite import SqliteLedger
+    from ctxproxy.ledger.store_sqlite import SqliteLedger
 
     return SqliteLedger(settings.data_dir / LEDGER_FILE)

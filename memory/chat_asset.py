@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from injectors import memory_blocks
-from memory.cpu import Offload
-from memory.model import Memory, Scope, Store
-from memory.snippets import SNIPPET_TOKENS, snippet
+from ctxproxy.injectors import memory_blocks
+from ctxproxy.memory.cpu import Offload
+from ctxproxy.memory.model import Memory, Scope, Store
+from ctxproxy.memory.snippets import SNIPPET_TOKENS, snippet
 
 __all__ = ["TOOLS", "ChatMemory", "ToolError"]
 

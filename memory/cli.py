@@ -20,12 +20,21 @@ from typing import Any, TextIO
 
 import orjson
 
-from config import Settings
-from injectors.redact import redact
-from memory import forget as forget_
-from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError, user_ref
-from memory.reindex import reindex
-from memory.stores import make_store
+from ctxproxy.config import Settings
+from ctxproxy.injectors.redact import redact
+from ctxproxy.memory import forget as forget_
+from ctxproxy.memory.model import (
+    MEMORY_TYPES,
+    Hit,
+    Memory,
+    MemoryType,
+    Scope,
+    Store,
+    StoreError,
+    user_ref,
+)
+from ctxproxy.memory.reindex import reindex
+from ctxproxy.memory.stores import make_store
 
 __all__ = ["register"]
 

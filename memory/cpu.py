@@ -35,8 +35,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from injectors.redact import redact
-from memory.lanes import Lane, name_os_thread
+from ctxproxy.injectors.redact import redact
+from ctxproxy.memory.lanes import Lane, name_os_thread
 
 __all__ = [
     "SMALL", "SMALL_BODY", "SMALL_ITEMS", "THREADS", "Child", "ChildUnavailable", "NoChild",
@@ -235,8 +235,8 @@ def warm() -> None:
     """Load what the background work (episodes, distillation's parsing) would load on its
     first call: the modules and the redaction patterns (about 0.2 s to compile). Not the
     tokenizer: that work counts no tokens, and it would take about 50 MiB more a child."""
-    importlib.import_module("memory.ingest")
-    importlib.import_module("memory.distill")
+    importlib.import_module("ctxproxy.memory.ingest")
+    importlib.import_module("ctxproxy.memory.distill")
     redact("")
 
 

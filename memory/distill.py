@@ -23,11 +23,11 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from memory import lanes
-from memory.cpu import Offload
-from memory.health import Health
-from memory.model import Memory, Scope, Store, StoreError
-from memory.statements import NEAR, Claim, ClaimKind, claims
+from ctxproxy.memory import lanes
+from ctxproxy.memory.cpu import Offload
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.model import Memory, Scope, Store, StoreError
+from ctxproxy.memory.statements import NEAR, Claim, ClaimKind, claims
 
 __all__ = ["Distiller", "Group", "Mention", "gather", "plan", "resolve", "score"]
 

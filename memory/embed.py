@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import orjson
 
-from config import Settings
+from ctxproxy.config import Settings
 
 __all__ = [
     "COOLDOWN_S", "FAILURES", "Breaker", "EmbedError", "Embedder", "HttpEmbedder",

@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from memory.model import MEMORY_TYPES, Memory, Scope, Store
-from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, USER
+from ctxproxy.memory.model import MEMORY_TYPES, Memory, Scope, Store
+from ctxproxy.memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, USER
 
 __all__ = ["FORGOTTEN", "Forgotten", "distilled_only_from", "forget", "quotes"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from config.logs import fields
+from ctxproxy.config.logs import fields
 
 __all__ = ["Health"]
 

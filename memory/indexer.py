@@ -16,11 +16,11 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from memory import lanes
-from memory.embed import Embedder, EmbedError
-from memory.health import Health
-from memory.model import Memory, Store, StoreError
-from memory.vectors import VectorRow, chunks, content_digest, pack
+from ctxproxy.memory import lanes
+from ctxproxy.memory.embed import Embedder, EmbedError
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.model import Memory, Store, StoreError
+from ctxproxy.memory.vectors import VectorRow, chunks, content_digest, pack
 
 __all__ = ["EMBEDDED", "Indexer"]
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 
 from cachetools import LRUCache
 
-from injectors.redact import redact
-from memory.cpu import Offload
-from memory.model import Memory, Scope, Store
-from memory.turns import USER_CHARS, Turn, render
+from ctxproxy.injectors.redact import redact
+from ctxproxy.memory.cpu import Offload
+from ctxproxy.memory.model import Memory, Scope, Store
+from ctxproxy.memory.turns import USER_CHARS, Turn, render
 
 __all__ = ["Ingester", "episodes"]
 

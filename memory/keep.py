@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from memory.model import Memory
+from ctxproxy.memory.model import Memory
 
 __all__ = ["Keep"]
 

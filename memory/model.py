@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from request import user_digest
+from ctxproxy.request import user_digest
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from memory.vectors import VectorRow
+    from ctxproxy.memory.vectors import VectorRow
 
 MemoryType = Literal["working", "episodic", "semantic"]
 MEMORY_TYPES: tuple[MemoryType, ...] = ("working", "episodic", "semantic")

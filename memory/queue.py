@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
-from memory import lanes
-from memory.health import Health
-from memory.model import StoreError
+from ctxproxy.memory import lanes
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.model import StoreError
 
 __all__ = ["DropReason", "Job", "WriteQueue"]
 

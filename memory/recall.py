@@ -33,12 +33,12 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from config import Settings
-from memory.aio import done, joined
-from memory.cpu import Offload, fits, sized
-from memory.embed import Embedder, EmbedError
-from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
-from memory.snippets import (
+from ctxproxy.config import Settings
+from ctxproxy.memory.aio import done, joined
+from ctxproxy.memory.cpu import Offload, fits, sized
+from ctxproxy.memory.embed import Embedder, EmbedError
+from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
+from ctxproxy.memory.snippets import (
     GAP,
     SNIPPET_TOKENS,
     best_match,

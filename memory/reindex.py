@@ -16,10 +16,10 @@ import sys
 import time
 from typing import TextIO
 
-from config import Settings
-from memory.embed import EmbedError, embedder_from
-from memory.indexer import Indexer
-from memory.model import Store
+from ctxproxy.config import Settings
+from ctxproxy.memory.embed import EmbedError, embedder_from
+from ctxproxy.memory.indexer import Indexer
+from ctxproxy.memory.model import Store
 
 __all__ = ["reindex"]
 

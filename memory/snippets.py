@@ -19,9 +19,9 @@ from itertools import accumulate
 
 from cachetools import LRUCache
 
-from injectors import tokens
-from memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
-from memory.words import WORD, terms
+from ctxproxy.injectors import tokens
+from ctxproxy.memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
+from ctxproxy.memory.words import WORD, terms
 
 __all__ = [
     "GAP", "SNIPPET_TOKENS", "Snippet", "best_match", "line_matches", "lines_of", "snippet",

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from injectors.bounds import clip
-from memory.hazards import MAX_CHARS, hazard
-from memory.words import terms
+from ctxproxy.injectors.bounds import clip
+from ctxproxy.memory.hazards import MAX_CHARS, hazard
+from ctxproxy.memory.words import terms
 
 __all__ = [
     "Claim", "claims", "constraints", "is_question", "is_unsafe", "jaccard", "sentences",

@@ -38,21 +38,21 @@ from typing import Any, Literal, NamedTuple
 from cachetools import LRUCache
 from prometheus_client import Counter, Histogram
 
-from config import Settings
-from injectors import memory_blocks
-from injectors.instructions import SEPARATOR, append_block
-from memory import lanes
-from memory import turns as turns_
-from memory.cpu import Offload, placed, sized, small_history
-from memory.health import Health
-from memory.ingest import Ingester
-from memory.keep import Keep
-from memory.model import Memory, Scope, StoreError
-from memory.queue import WriteQueue
-from memory.recall import Candidate, Found, Recaller, Standing, standing_of
-from memory.snippets import lines_of
-from memory.working import Working
-from request import Exchange, Identity, Item, Notes, digest
+from ctxproxy.config import Settings
+from ctxproxy.injectors import memory_blocks
+from ctxproxy.injectors.instructions import SEPARATOR, append_block
+from ctxproxy.memory import lanes
+from ctxproxy.memory import turns as turns_
+from ctxproxy.memory.cpu import Offload, placed, sized, small_history
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.ingest import Ingester
+from ctxproxy.memory.keep import Keep
+from ctxproxy.memory.model import Memory, Scope, StoreError
+from ctxproxy.memory.queue import WriteQueue
+from ctxproxy.memory.recall import Candidate, Found, Recaller, Standing, standing_of
+from ctxproxy.memory.snippets import lines_of
+from ctxproxy.memory.working import Working
+from ctxproxy.request import Exchange, Identity, Item, Notes, digest
 
 __all__ = ["MemoryStep", "Prepared", "scope_of"]
 

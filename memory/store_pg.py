@@ -23,9 +23,9 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
-from memory.search import BUDGET, MAX_WORDS, RECENT, bound
-from memory.vectors import REREAD, VectorIndex, VectorRow
+from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
+from ctxproxy.memory.search import BUDGET, MAX_WORDS, RECENT, bound
+from ctxproxy.memory.vectors import REREAD, VectorIndex, VectorRow
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 

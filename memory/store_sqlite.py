@@ -28,14 +28,14 @@ import numpy as np
 import orjson
 from cachetools import LRUCache
 
-from config.files import WriteLock, private_file, wal
-from memory.aio import done
-from memory.cpu import ChildUnavailable, NoChild, Served
-from memory.lanes import Lane
-from memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
-from memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
-from memory.vectors import Match, VectorIndex, VectorRow
-from memory.words import terms
+from ctxproxy.config.files import WriteLock, private_file, wal
+from ctxproxy.memory.aio import done
+from ctxproxy.memory.cpu import ChildUnavailable, NoChild, Served
+from ctxproxy.memory.lanes import Lane
+from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
+from ctxproxy.memory.search import BUDGET, MAX_WORDS, RECENT, Bounds, bound
+from ctxproxy.memory.vectors import Match, VectorIndex, VectorRow
+from ctxproxy.memory.words import terms
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
 

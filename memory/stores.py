@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from config import Settings
-from memory.model import Store
+from ctxproxy.config import Settings
+from ctxproxy.memory.model import Store
 
 
 def make_store(settings: Settings, *, serving: bool = False) -> Store:
@@ -15,10 +15,10 @@ def make_store(settings: Settings, *, serving: bool = False) -> Store:
     """
     url = settings.store_url
     if url:
-        from memory.store_pg import PostgresStore
+        from ctxproxy.memory.store_pg import PostgresStore
 
         return PostgresStore(url)
-    from memory.store_sqlite import SqliteStore
+    from ctxproxy.memory.store_sqlite import SqliteStore
 
     return SqliteStore(settings.data_dir / "memory.sqlite3",
                        processes=serving and settings.memory_process)

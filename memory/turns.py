@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from request import (
+from ctxproxy.request import (
     History,
     Item,
     call_pairs,

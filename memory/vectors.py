@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memory.model import Scope
-from memory.turns import INDENT, TURN_CHARS
+from ctxproxy.memory.model import Scope
+from ctxproxy.memory.turns import INDENT, TURN_CHARS
 
 __all__ = [
     "CHUNK_CHARS", "MAX_CHUNKS", "MAX_SENTENCES", "REREAD", "Match", "VectorIndex", "VectorRow",

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from injectors.redact import redact, redact_all
-from memory.cpu import Offload, sized
-from memory.model import Memory, Scope, Store
-from memory.queue import WriteQueue
-from memory.statements import constraints
-from memory.turns import Turn
+from ctxproxy.injectors.redact import redact, redact_all
+from ctxproxy.memory.cpu import Offload, sized
+from ctxproxy.memory.model import Memory, Scope, Store
+from ctxproxy.memory.queue import WriteQueue
+from ctxproxy.memory.statements import constraints
+from ctxproxy.memory.turns import Turn
 
 __all__ = ["Working", "derive"]
 

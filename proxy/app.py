@@ -17,21 +17,21 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
-from config import Settings
-from config.logs import fields
-from proxy import bodies, targets
-from proxy.auth import PRINCIPAL, client_auth, load_client_keys
-from proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
-from proxy.headers import check_utf8, request_headers, response_headers
-from proxy.metrics import Metrics, combine, sample_loop_lag
-from proxy.origin import gate
-from proxy.passthrough import ROUTES, Routes, refusal, upstream_path
-from proxy.pipeline import Pipeline
-from proxy.sse import BodyTap, UsageTap
-from proxy.upstream import Idle, Upstream
-from proxy.workers import Peers
-from request import Exchange, NotAResponsesRequest, Notes, Step
-from window.step import WindowStep
+from ctxproxy.config import Settings
+from ctxproxy.config.logs import fields
+from ctxproxy.proxy import bodies, targets
+from ctxproxy.proxy.auth import PRINCIPAL, client_auth, load_client_keys
+from ctxproxy.proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
+from ctxproxy.proxy.headers import check_utf8, request_headers, response_headers
+from ctxproxy.proxy.metrics import Metrics, combine, sample_loop_lag
+from ctxproxy.proxy.origin import gate
+from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
+from ctxproxy.proxy.pipeline import Pipeline
+from ctxproxy.proxy.sse import BodyTap, UsageTap
+from ctxproxy.proxy.upstream import Idle, Upstream
+from ctxproxy.proxy.workers import Peers
+from ctxproxy.request import Exchange, NotAResponsesRequest, Notes, Step
+from ctxproxy.window.step import WindowStep
 
 log = logging.getLogger("ctxproxy")
 access_log = logging.getLogger("ctxproxy.access")

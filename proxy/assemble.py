@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from config import Settings
-from injectors.breakpoints import Breakpoints
-from proxy import explain, knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
-from proxy.app import METRICS, SETTINGS, add_passthrough, create_app
-from proxy.server import Limits
-from proxy.upstream import Upstream
-from request import Step
-from window.step import WindowStep
+from ctxproxy.config import Settings
+from ctxproxy.injectors.breakpoints import Breakpoints
+from ctxproxy.proxy import explain, knowledge_wiring, ledger_wiring, memory_wiring, outputs, ui
+from ctxproxy.proxy.app import METRICS, SETTINGS, add_passthrough, create_app
+from ctxproxy.proxy.server import Limits
+from ctxproxy.proxy.upstream import Upstream
+from ctxproxy.request import Step
+from ctxproxy.window.step import WindowStep
 
 
 def steps(app: web.Application) -> Sequence[Step]:

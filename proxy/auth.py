@@ -29,9 +29,9 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from knowledge.routes import ROUTE, TOOL_ROUTES
-from proxy.errors import Forbidden, Unauthorized
-from request import user_digest
+from ctxproxy.knowledge.routes import ROUTE, TOOL_ROUTES
+from ctxproxy.proxy.errors import Forbidden, Unauthorized
+from ctxproxy.request import user_digest
 
 __all__ = ["ADMIN", "OPEN_PATHS", "OUTPUTS_ROUTE", "PRINCIPAL", "ClientKey", "client_auth",
            "load_client_keys"]

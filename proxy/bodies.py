@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.errors import BadRequest, BodyTooLarge, UnsupportedEncoding
+from ctxproxy.proxy.errors import BadRequest, BodyTooLarge, UnsupportedEncoding
 
 __all__ = [
     "DECODED",

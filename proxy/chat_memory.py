@@ -14,16 +14,16 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from config import Settings
-from knowledge.capability import Grant
-from knowledge.model import Asset, KnowledgeItem
-from knowledge.params import Body, ServiceError
-from memory.chat_asset import TOOLS, ChatMemory, ToolError
-from memory.model import Scope, StoreError
-from memory.step import scope_of
-from proxy.memory_wiring import MEMORY
-from proxy.outputs import archive
-from request import Identity
+from ctxproxy.config import Settings
+from ctxproxy.knowledge.capability import Grant
+from ctxproxy.knowledge.model import Asset, KnowledgeItem
+from ctxproxy.knowledge.params import Body, ServiceError
+from ctxproxy.memory.chat_asset import TOOLS, ChatMemory, ToolError
+from ctxproxy.memory.model import Scope, StoreError
+from ctxproxy.memory.step import scope_of
+from ctxproxy.proxy.memory_wiring import MEMORY
+from ctxproxy.proxy.outputs import archive
+from ctxproxy.request import Identity
 
 __all__ = ["PREFIX", "ChatMemoryAssets", "knowledge_id"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from config import Settings, SettingsError, describe_settings, load_settings, logs
-from config.settings import unknown_settings
-from proxy import workers
-from proxy.bodies import SERVER_OPTIONS
-from proxy.server import Runner
+from ctxproxy.config import Settings, SettingsError, describe_settings, load_settings, logs
+from ctxproxy.config.settings import unknown_settings
+from ctxproxy.proxy import workers
+from ctxproxy.proxy.bodies import SERVER_OPTIONS
+from ctxproxy.proxy.server import Runner
 
 log = logging.getLogger("ctxproxy")
 
@@ -65,10 +65,10 @@ def _version() -> str:
 
 
 def _command_modules() -> list[Any]:
-    from knowledge import cli as knowledge_cli
-    from ledger import cli as ledger_cli
-    from memory import cli as memory_cli
-    from proxy import doctor, explain_cli
+    from ctxproxy.knowledge import cli as knowledge_cli
+    from ctxproxy.ledger import cli as ledger_cli
+    from ctxproxy.memory import cli as memory_cli
+    from ctxproxy.proxy import doctor, explain_cli
 
     return [knowledge_cli, memory_cli, ledger_cli, explain_cli, doctor]
 
@@ -146,8 +146,8 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
                  ready: workers.Ready | None = None) -> None:
     """Serve the app; a worker (``peers``) shares the port with the others (SO_REUSEPORT)
     and listens to them on its socket."""
-    from proxy.app import METRICS, PEERS, sibling_app
-    from proxy.assemble import build_app, limits
+    from ctxproxy.proxy.app import METRICS, PEERS, sibling_app
+    from ctxproxy.proxy.assemble import build_app, limits
 
     app = build_app(settings)
     if peers is not None:

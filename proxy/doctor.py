@@ -14,15 +14,15 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from config import Settings
-from config.settings import ENV_PREFIX
-from knowledge.client import CoreError, HttpCore
-from knowledge.store import FILENAME, Catalogue
-from ledger import LedgerError
-from ledger.stores import make_ledger
-from memory.model import StoreError
-from memory.stores import make_store
-from proxy.upstream import shown_url
+from ctxproxy.config import Settings
+from ctxproxy.config.settings import ENV_PREFIX
+from ctxproxy.knowledge.client import CoreError, HttpCore
+from ctxproxy.knowledge.store import FILENAME, Catalogue
+from ctxproxy.ledger import LedgerError
+from ctxproxy.ledger.stores import make_ledger
+from ctxproxy.memory.model import StoreError
+from ctxproxy.memory.stores import make_store
+from ctxproxy.proxy.upstream import shown_url
 
 __all__ = ["register", "settings_sources"]
 

@@ -23,15 +23,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from config.files import private_file
-from injectors import tokens
-from injectors.breakpoints import client_marks, unmarked
-from injectors.redact import redact
-from ledger.counterfactual import PartCounter
-from proxy.app import FINISHED, SENT, SETTINGS, Access
-from proxy.auth import ADMIN, PRINCIPAL
-from proxy.errors import error_response
-from request import History, message_text, output_text
+from ctxproxy.config.files import private_file
+from ctxproxy.injectors import tokens
+from ctxproxy.injectors.breakpoints import client_marks, unmarked
+from ctxproxy.injectors.redact import redact
+from ctxproxy.ledger.counterfactual import PartCounter
+from ctxproxy.proxy.app import FINISHED, SENT, SETTINGS, Access
+from ctxproxy.proxy.auth import ADMIN, PRINCIPAL
+from ctxproxy.proxy.errors import error_response
+from ctxproxy.request import History, message_text, output_text
 
 __all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render"]
 

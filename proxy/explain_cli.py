@@ -13,11 +13,11 @@ import httpx
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from config import Settings
-from proxy.auth import load_client_keys
-from proxy.explain import explain, redact_body, render
-from request import Exchange, NotAResponsesRequest
-from window.step import WindowStep
+from ctxproxy.config import Settings
+from ctxproxy.proxy.auth import load_client_keys
+from ctxproxy.proxy.explain import explain, redact_body, render
+from ctxproxy.request import Exchange, NotAResponsesRequest
+from ctxproxy.window.step import WindowStep
 
 __all__ = ["register"]
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.errors import BadRequest
+from ctxproxy.proxy.errors import BadRequest
 
 # RFC 9110 7.6.1 hop-by-hop headers, plus the ones the proxy recomputes itself.
 HOP_BY_HOP = frozenset(

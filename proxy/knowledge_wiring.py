@@ -9,17 +9,17 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from config import Settings
-from config.files import secret_key
-from knowledge.capability import CapabilityKey
-from knowledge.client import Core, Discovery, HttpCore
-from knowledge.routes import EMBEDDED, add_routes, add_tool_routes
-from knowledge.service import EmbeddedCore, LocalCore
-from knowledge.step import KnowledgeStep
-from knowledge.store import FILENAME, Catalogue
-from proxy.app import METRICS, SETTINGS
-from proxy.chat_memory import ChatMemoryAssets
-from request import Step
+from ctxproxy.config import Settings
+from ctxproxy.config.files import secret_key
+from ctxproxy.knowledge.capability import CapabilityKey
+from ctxproxy.knowledge.client import Core, Discovery, HttpCore
+from ctxproxy.knowledge.routes import EMBEDDED, add_routes, add_tool_routes
+from ctxproxy.knowledge.service import EmbeddedCore, LocalCore
+from ctxproxy.knowledge.step import KnowledgeStep
+from ctxproxy.knowledge.store import FILENAME, Catalogue
+from ctxproxy.proxy.app import METRICS, SETTINGS
+from ctxproxy.proxy.chat_memory import ChatMemoryAssets
+from ctxproxy.request import Step
 
 DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
 CAPABILITY = web.AppKey("knowledge_capability", CapabilityKey)

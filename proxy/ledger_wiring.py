@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from injectors import tokens
-from ledger import Ledger, LedgerError, Prices, Record
-from ledger.counterfactual import PartCounter
-from ledger.measure import Bodies, Counting, InProcess, InThread, Measurer, Pending
-from ledger.recorder import Recorder
-from ledger.stores import make_ledger
-from proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
-from proxy.auth import PRINCIPAL
+from ctxproxy.injectors import tokens
+from ctxproxy.ledger import Ledger, LedgerError, Prices, Record
+from ctxproxy.ledger.counterfactual import PartCounter
+from ctxproxy.ledger.measure import Bodies, Counting, InProcess, InThread, Measurer, Pending
+from ctxproxy.ledger.recorder import Recorder
+from ctxproxy.ledger.stores import make_ledger
+from ctxproxy.proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
+from ctxproxy.proxy.auth import PRINCIPAL
 
 __all__ = ["LEDGER", "LedgerSide", "install"]
 

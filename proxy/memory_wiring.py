@@ -12,21 +12,21 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
-from injectors import memory_blocks, tokens
-from memory.cpu import Pool, warm
-from memory.distill import Distiller
-from memory.embed import embedder_from
-from memory.health import Health
-from memory.indexer import Indexer
-from memory.ingest import Ingester
-from memory.model import Memory, Store, StoreError
-from memory.queue import WriteQueue
-from memory.recall import Recaller, Weights
-from memory.step import MemoryStep
-from memory.stores import make_store
-from memory.working import Working
-from proxy.app import ANSWERED, BEFORE_ANSWER, ENDED, METRICS, SETTINGS
-from request import Notes, Step
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory.cpu import Pool, warm
+from ctxproxy.memory.distill import Distiller
+from ctxproxy.memory.embed import embedder_from
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.indexer import Indexer
+from ctxproxy.memory.ingest import Ingester
+from ctxproxy.memory.model import Memory, Store, StoreError
+from ctxproxy.memory.queue import WriteQueue
+from ctxproxy.memory.recall import Recaller, Weights
+from ctxproxy.memory.step import MemoryStep
+from ctxproxy.memory.stores import make_store
+from ctxproxy.memory.working import Working
+from ctxproxy.proxy.app import ANSWERED, BEFORE_ANSWER, ENDED, METRICS, SETTINGS
+from ctxproxy.request import Notes, Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
 

@@ -17,9 +17,9 @@ from urllib.parse import SplitResult, urlsplit
 
 from aiohttp import web
 
-from config import Settings
-from proxy.auth import OPEN_PATHS
-from proxy.errors import HostNotAllowed, NotJson, OriginNotAllowed
+from ctxproxy.config import Settings
+from ctxproxy.proxy.auth import OPEN_PATHS
+from ctxproxy.proxy.errors import HostNotAllowed, NotJson, OriginNotAllowed
 
 __all__ = ["WILDCARD_BINDS", "Gate", "gate"]
 

@@ -29,11 +29,11 @@ import orjson
 from aiohttp import web
 from cachetools import LRUCache
 
-from config.files import secret_key
-from proxy.app import SETTINGS
-from proxy.auth import OUTPUTS_ROUTE
-from request import Identity
-from window.masking import Output
+from ctxproxy.config.files import secret_key
+from ctxproxy.proxy.app import SETTINGS
+from ctxproxy.proxy.auth import OUTPUTS_ROUTE
+from ctxproxy.request import Identity
+from ctxproxy.window.masking import Output
 
 __all__ = [
     "GONE", "KEY_FILE", "OUTPUTS", "PATH", "SESSION_HEADER", "MaskedOutputs", "OutputIds",

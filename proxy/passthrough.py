@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from config import Settings
-from proxy.errors import error_response
+from ctxproxy.config import Settings
+from ctxproxy.proxy.errors import error_response
 
 __all__ = ["ROUTES", "Routes", "refusal", "upstream_path"]
 

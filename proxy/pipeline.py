@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from request import Exchange, Step
+from ctxproxy.request import Exchange, Step
 
 __all__ = ["LOG_EVERY_S", "Pipeline"]
 

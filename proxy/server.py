@@ -29,7 +29,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from proxy.errors import error_body, error_response
+from ctxproxy.proxy.errors import error_body, error_response
 
 __all__ = ["Limits", "Runner"]
 

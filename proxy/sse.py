@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import re2
 
-from proxy.bodies import StreamDecoder
+from ctxproxy.proxy.bodies import StreamDecoder
 
 __all__ = ["MAX_EVENT", "BodyTap", "UsageTap", "parse_events"]
 

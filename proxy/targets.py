@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-from proxy.errors import BadRequest
+from ctxproxy.proxy.errors import BadRequest
 
 __all__ = ["check_path", "origin_path"]
 

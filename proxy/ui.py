@@ -18,17 +18,17 @@ from typing import Any
 
 from aiohttp import web
 
-from knowledge.routes import EMBEDDED
-from ledger.model import Group, LedgerError, Record
-from ledger.prices import Prices
-from ledger.report import Row, parse_since, percent, summarize, tokens, total, usd
-from ledger.sql import HOUR
-from memory import forget as forget_
-from memory.model import Memory, Scope, Store, StoreError
-from proxy.auth import ADMIN, PRINCIPAL, UI_COOKIE
-from proxy.ledger_wiring import LEDGER, LedgerSide
-from proxy.memory_wiring import MEMORY
-from proxy.ui_html import (
+from ctxproxy.knowledge.routes import EMBEDDED
+from ctxproxy.ledger.model import Group, LedgerError, Record
+from ctxproxy.ledger.prices import Prices
+from ctxproxy.ledger.report import Row, parse_since, percent, summarize, tokens, total, usd
+from ctxproxy.ledger.sql import HOUR
+from ctxproxy.memory import forget as forget_
+from ctxproxy.memory.model import Memory, Scope, Store, StoreError
+from ctxproxy.proxy.auth import ADMIN, PRINCIPAL, UI_COOKIE
+from ctxproxy.proxy.ledger_wiring import LEDGER, LedgerSide
+from ctxproxy.proxy.memory_wiring import MEMORY
+from ctxproxy.proxy.ui_html import (
     cards,
     chart,
     memory_link,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from html import escape
 from urllib.parse import quote
 
-from ledger.report import ESTIMATE_NOTE, Row, percent, tokens, usd
+from ctxproxy.ledger.report import ESTIMATE_NOTE, Row, percent, tokens, usd
 
 __all__ = ["cards", "chart", "page", "table", "when"]
 

@@ -16,8 +16,8 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
-from proxy.targets import check_path
+from ctxproxy.proxy.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
+from ctxproxy.proxy.targets import check_path
 
 LARGE_BODY = 512 * 1024
 WARN_EVERY_S = 60.0  # an unreachable upstream is a warning once a minute, not per request

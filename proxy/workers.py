@@ -31,7 +31,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Literal
 
-from config import logs
+from ctxproxy.config import logs
 
 __all__ = ["STOP_GRACE_S", "Peers", "Ready", "supervise", "tag_logs"]
 

@@ -1,7 +1,7 @@
 """The request model: one parse of a Responses request (its items, turns and sender) that
 every step reads. Pure: no I/O, and nothing above ``config`` imported."""
 
-from request.exchange import (
+from ctxproxy.request.exchange import (
     Exchange,
     Identity,
     NotAResponsesRequest,
@@ -11,8 +11,8 @@ from request.exchange import (
     owner_digest,
     user_digest,
 )
-from request.history import Cut, History, digest
-from request.items import (
+from ctxproxy.request.history import Cut, History, digest
+from ctxproxy.request.items import (
     Item,
     call_pairs,
     is_compaction_message,

@@ -10,9 +10,9 @@ from typing import Any, Protocol
 import orjson
 from multidict import CIMultiDictProxy
 
-from config import Settings
-from request.history import History
-from request.items import Item, prompt_message
+from ctxproxy.config import Settings
+from ctxproxy.request.history import History
+from ctxproxy.request.items import Item, prompt_message
 
 __all__ = [
     "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes", "Step",

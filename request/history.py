@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from request.items import (
+from ctxproxy.request.items import (
     SYSTEM_ROLES,
     Item,
     call_pairs,

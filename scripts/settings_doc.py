@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from config import describe_settings
+from ctxproxy.config import describe_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PATH = ROOT / "docs" / "settings.md"

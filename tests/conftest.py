@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from config import Settings, load_settings
-from proxy.assemble import build_app
+from ctxproxy.config import Settings, load_settings
+from ctxproxy.proxy.assemble import build_app
 from tests.fakes.server import Running, free_port, serve
 from tests.fakes.upstream import FakeUpstream
 

@@ -31,15 +31,15 @@ from bench.pricing import (
     PromptTokenizer,
     without_marks,
 )
-from knowledge.store import FILENAME, Catalogue
-from knowledge.wiki import Page
-from request import is_turn_start, message_text
+from ctxproxy.knowledge.store import FILENAME, Catalogue
+from ctxproxy.knowledge.wiki import Page
+from ctxproxy.request import is_turn_start, message_text
+from ctxproxy.window.masking import mask_output, mask_text
+from ctxproxy.window.policy import turns_to_drop
 from tests.conftest import ProxyFactory, require_shared
 from tests.fakes import codex
 from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
-from window.masking import mask_output, mask_text
-from window.policy import turns_to_drop
 
 Item = dict[str, Any]
 BIG_OUTPUT = "".join(f"line {i}: some tool output that goes on\n" for i in range(200))

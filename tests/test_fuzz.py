@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from config import load_settings
-from proxy.assemble import build_app
-from request import is_turn_start, message_text
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.request import is_turn_start, message_text
 from tests.fakes import codex
 from tests.fakes.server import Running, free_port, serve
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["config", "request", "injectors", "window", "knowledge", "memory", "proxy"]
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
@@ -19,9 +18,10 @@ def lint(tree: Path) -> subprocess.CompletedProcess[str]:
 
 
 def copy_tree(tmp_path: Path) -> Path:
-    for name in PACKAGES:
-        shutil.copytree(ROOT / name, tmp_path / name,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    """The ``ctxproxy`` package (its links to the top-level folders copied as folders) and the
+    contracts."""
+    shutil.copytree(ROOT / "ctxproxy", tmp_path / "ctxproxy",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     return tmp_path
 
@@ -37,18 +37,22 @@ def test_the_project_keeps_its_layers(clean: subprocess.CompletedProcess[str]) -
 
 
 @pytest.mark.parametrize(("module", "line", "message"), [
-    ("memory/model.py", "from proxy import app", "memory is not allowed to import proxy"),
-    ("knowledge/step.py", "import memory.model", "knowledge is not allowed to import memory"),
-    ("injectors/tokens.py", "import knowledge.model", "injectors is not allowed to import"),
-    ("request/items.py", "import window.policy", "request is not allowed to import window"),
-    ("request/history.py", "import sqlite3", "request is not allowed to import sqlite3"),
-    ("window/policy.py", "import aiohttp", "window is not allowed to import aiohttp"),
+    ("memory/model.py", "from ctxproxy.proxy import app",
+     "ctxproxy.memory is not allowed to import ctxproxy.proxy"),
+    ("knowledge/step.py", "import ctxproxy.memory.model",
+     "ctxproxy.knowledge is not allowed to import ctxproxy.memory"),
+    ("injectors/tokens.py", "import ctxproxy.knowledge.model",
+     "ctxproxy.injectors is not allowed to import"),
+    ("request/items.py", "import ctxproxy.window.policy",
+     "ctxproxy.request is not allowed to import ctxproxy.window"),
+    ("request/history.py", "import sqlite3", "ctxproxy.request is not allowed to import sqlite3"),
+    ("window/policy.py", "import aiohttp", "ctxproxy.window is not allowed to import aiohttp"),
 ])
 def test_an_import_against_the_layers_fails_the_lint(
     tmp_path: Path, module: str, line: str, message: str
 ) -> None:
     tree = copy_tree(tmp_path)
-    with (tree / module).open("a") as f:
+    with (tree / "ctxproxy" / module).open("a") as f:
         f.write(f"\n{line}  # noqa\n")
     result = lint(tree)
     assert result.returncode != 0

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from config import describe_settings
+from ctxproxy.config import describe_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

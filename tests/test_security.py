@@ -23,8 +23,8 @@ import pytest
 from aiohttp import web
 from lxml import etree
 
-from config.logs import JsonFormatter
-from memory.model import Scope, user_ref
+from ctxproxy.config.logs import JsonFormatter
+from ctxproxy.memory.model import Scope, user_ref
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import free_port, serve
@@ -469,7 +469,7 @@ async def test_secrets_reach_no_log_store_forwarded_request_or_error_answer(
 
 @dataclass
 class Served:
-    """A ``python -m proxy serve`` subprocess and everything it wrote to stderr."""
+    """A ``python -m ctxproxy.proxy serve`` subprocess and everything it wrote to stderr."""
 
     proc: asyncio.subprocess.Process
     url: str
@@ -482,7 +482,7 @@ async def serve_process(env: dict[str, str]) -> AsyncIterator[Served]:
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CTXPROXY_HOST": "127.0.0.1",
             "CTXPROXY_PORT": str(port), **env}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", cwd=ROOT, env=full,
+        sys.executable, "-m", "ctxproxy.proxy", "serve", cwd=ROOT, env=full,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE)
     served = Served(proc, f"http://127.0.0.1:{port}")

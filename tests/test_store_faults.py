@@ -27,10 +27,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from knowledge.client import Discovery
-from memory import store_pg, store_sqlite
-from memory.model import Memory, StoreError
-from proxy import knowledge_wiring, memory_wiring
+from ctxproxy.knowledge.client import Discovery
+from ctxproxy.memory import store_pg, store_sqlite
+from ctxproxy.memory.model import Memory, StoreError
+from ctxproxy.proxy import knowledge_wiring, memory_wiring
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.postgres import PrivatePostgres, cannot_run_reason

@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from injectors import cut_digest
-from injectors.bounds import whole_words
-from injectors.redact import redact_all
-from request import History, Identity, Item, output_text
+from ctxproxy.injectors import cut_digest
+from ctxproxy.injectors.bounds import whole_words
+from ctxproxy.injectors.redact import redact_all
+from ctxproxy.request import History, Identity, Item, output_text
 
 __all__ = ["Digests", "digest_message"]
 

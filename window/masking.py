@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from request import Identity, Item, output_text
+from ctxproxy.request import Identity, Item, output_text
 
 __all__ = [
     "OUTPUT_TYPES", "Archive", "Output", "Pointer", "mask_output", "mask_range", "mask_text",

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from request import History, Item
+from ctxproxy.request import History, Item
 
 __all__ = ["WindowResult", "budget_drop", "estimate_tokens", "turns_to_drop", "window"]
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import orjson
 
-from config import Settings
-from request import Cut, Exchange, Item, output_text
-from window.digest import Digests
-from window.masking import Archive, Output, mask_range
-from window.policy import CostPolicy, budget_drop, turns_to_drop
+from ctxproxy.config import Settings
+from ctxproxy.request import Cut, Exchange, Item, output_text
+from ctxproxy.window.digest import Digests
+from ctxproxy.window.masking import Archive, Output, mask_range
+from ctxproxy.window.policy import CostPolicy, budget_drop, turns_to_drop
 
 __all__ = ["OFF_LOOP_BYTES", "WindowStep"]
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from config import load_settings
-from proxy.app import PIPELINE
-from proxy.assemble import build_app
-from request import is_turn_start, message_text
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.app import PIPELINE
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.request import is_turn_start, message_text
 from tests.e2e.codex_cli import CodexCLI, codex_binary
 from tests.fakes.server import Running, free_port, serve
 from tests.fakes.upstream import FakeUpstream, Received
@@ -72,9 +72,9 @@ class Thread:
 
 
 async def ctxproxy(data_dir: Path, *argv: str) -> str:
-    """Run the ``ctxproxy`` command line (``python -m proxy``) and return what it printed."""
+    """Run the ``ctxproxy`` command line (``python -m ctxproxy.proxy``); return what it printed."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *argv, env={"CTXPROXY_DATA_DIR": str(data_dir)},
+        sys.executable, "-m", "ctxproxy.proxy", *argv, env={"CTXPROXY_DATA_DIR": str(data_dir)},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)

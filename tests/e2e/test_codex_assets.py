@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from config import load_settings
-from proxy.assemble import build_app
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
 from tests.e2e.codex_cli import CodexCLI, Run, codex_binary
 from tests.e2e.test_codex import ctxproxy
 from tests.fakes.server import free_port, serve

@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 from lxml import etree
 
-from config import load_settings
-from proxy.assemble import build_app
-from request import is_turn_start, message_text
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.request import is_turn_start, message_text
 from tests.e2e.codex_cli import CodexCLI, codex_binary
 from tests.e2e.test_codex import IDENTITY, KEEP_TURNS, PROMPTS, bind_wiki, real_prompts
 from tests.fakes.server import free_port, serve

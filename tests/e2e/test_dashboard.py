@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 from bench.economics import STRATEGIES, build_session, run_one
-from config import load_settings
-from ledger.report import percent, tokens, usd
-from proxy.assemble import build_app
-from proxy.cli import main
+from ctxproxy.config import load_settings
+from ctxproxy.ledger.report import percent, tokens, usd
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.proxy.cli import main
 from tests.fakes.server import free_port, serve
 from tests.test_economics_invariants import shapes_or_skip
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from config import load_settings
-from proxy.assemble import build_app
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
 from tests.e2e.codex_cli import CodexCLI, codex_binary
 from tests.e2e.test_codex import ctxproxy
 from tests.fakes.server import free_port, serve

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from proxy.app import SETTINGS
-from proxy.assemble import limits
-from proxy.bodies import SERVER_OPTIONS
-from proxy.server import Runner
+from ctxproxy.proxy.app import SETTINGS
+from ctxproxy.proxy.assemble import limits
+from ctxproxy.proxy.bodies import SERVER_OPTIONS
+from ctxproxy.proxy.server import Runner
 
 
 def free_port() -> int:

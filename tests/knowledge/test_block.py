@@ -7,8 +7,8 @@ import shlex
 
 from lxml import etree
 
-from injectors.knowledge_block import render
-from knowledge.model import Asset, KnowledgeItem
+from ctxproxy.injectors.knowledge_block import render
+from ctxproxy.knowledge.model import Asset, KnowledgeItem
 
 WIKI = KnowledgeItem("wiki-a1b2c3d4", "wiki", "http://127.0.0.1:8787/v3", "Design docs",
                      summary="How the backend is built")

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import respx
 
-from knowledge.cache import TtlCache
-from knowledge.client import CoreError, Discovery, HttpCore
-from proxy.metrics import Metrics
+from ctxproxy.knowledge.cache import TtlCache
+from ctxproxy.knowledge.client import CoreError, Discovery, HttpCore
+from ctxproxy.proxy.metrics import Metrics
 
 CORE = "http://core.test:8420"
 LIST = CORE + "/v3/knowledge/list"

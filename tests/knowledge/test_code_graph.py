@@ -425,7 +425,7 @@ async def test_removing_a_code_graph_removes_its_rows_and_bindings(
     ctxproxy(capsys, data_dir, "knowledge", "bind", "--agent", "coder", "--user-key", "k",
              graph_id)
     assert ctxproxy(capsys, data_dir, "knowledge", "remove", graph_id)[0] == 0
-    from knowledge.store import FILENAME, Catalogue
+    from ctxproxy.knowledge.store import FILENAME, Catalogue
 
     catalogue = Catalogue.open(data_dir / FILENAME)
     try:

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from knowledge.store import FILENAME
+from ctxproxy.knowledge.store import FILENAME
 from tests.conftest import ProxyFactory
 from tests.knowledge.wikis import add_wiki, ctxproxy, tool_headers, write_wiki
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from knowledge.model import BoundAsset, MalformedItem, parse_binding, parse_item, repo_slug
+from ctxproxy.knowledge.model import BoundAsset, MalformedItem, parse_binding, parse_item, repo_slug
 
 
 @pytest.mark.parametrize(

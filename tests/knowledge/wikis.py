@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from config import load_settings
-from knowledge.capability import HEADER, Grant, mint
-from proxy.cli import build_parser
-from proxy.knowledge_wiring import CAPABILITY
+from ctxproxy.config import load_settings
+from ctxproxy.knowledge.capability import HEADER, Grant, mint
+from ctxproxy.proxy.cli import build_parser
+from ctxproxy.proxy.knowledge_wiring import CAPABILITY
 from tests.conftest import SERVED
 
 PAGES = {

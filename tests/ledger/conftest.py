@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.model import Ledger
-from ledger.store_pg import PostgresLedger
-from ledger.store_sqlite import SqliteLedger
+from ctxproxy.ledger.model import Ledger
+from ctxproxy.ledger.store_pg import PostgresLedger
+from ctxproxy.ledger.store_sqlite import SqliteLedger
 from tests.memory.conftest import pg_url  # noqa: F401  (the fixture)
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from ledger.counterfactual import Measure, cacheable
-from ledger.measure import Pending
-from ledger.model import Record
+from ctxproxy.ledger.counterfactual import Measure, cacheable
+from ctxproxy.ledger.measure import Pending
+from ctxproxy.ledger.model import Record
 
 TTL_S = 600.0
 SESSIONS = 10_000

@@ -16,10 +16,10 @@ import aiohttp
 import orjson
 import pytest
 
-from ledger import measure
-from ledger.measure import InProcess, InThread
-from ledger.model import Record
-from proxy.ledger_wiring import LEDGER
+from ctxproxy.ledger import measure
+from ctxproxy.ledger.measure import InProcess, InThread
+from ctxproxy.ledger.model import Record
+from ctxproxy.proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running
@@ -150,7 +150,7 @@ async def test_where_no_child_can_start_the_rows_are_counted_in_a_thread(
 
 PARENT = """
 import asyncio, sys
-from ledger.measure import InProcess
+from ctxproxy.ledger.measure import InProcess
 
 async def main():
     counting = InProcess()

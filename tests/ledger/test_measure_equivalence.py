@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 
 from bench import _session
 from bench.load import Script, Thread
-from injectors import tokens
-from ledger import counterfactual
-from ledger.counterfactual import DirectCache, Measure, PartCounter
-from ledger.measure import Bodies, InThread, Measurer, Pending
-from ledger.model import Record
-from proxy import ledger_wiring
-from proxy.app import Access, Sent
-from proxy.ledger_wiring import LEDGER
+from ctxproxy.injectors import tokens
+from ctxproxy.ledger import counterfactual
+from ctxproxy.ledger.counterfactual import DirectCache, Measure, PartCounter
+from ctxproxy.ledger.measure import Bodies, InThread, Measurer, Pending
+from ctxproxy.ledger.model import Record
+from ctxproxy.proxy import ledger_wiring
+from ctxproxy.proxy.app import Access, Sent
+from ctxproxy.proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running

@@ -13,15 +13,15 @@ import pytest
 from aiohttp import web
 from lxml import html
 
-from config import load_settings
-from ledger.cli import stats
-from ledger.counterfactual import PartCounter
-from ledger.measure import InThread, Measurer, Pending
-from ledger.model import Ledger, Record
-from ledger.prices import Price, Prices
-from ledger.recorder import Recorder
-from proxy.ledger_wiring import LEDGER
-from proxy.memory_wiring import MEMORY
+from ctxproxy.config import load_settings
+from ctxproxy.ledger.cli import stats
+from ctxproxy.ledger.counterfactual import PartCounter
+from ctxproxy.ledger.measure import InThread, Measurer, Pending
+from ctxproxy.ledger.model import Ledger, Record
+from ctxproxy.ledger.prices import Price, Prices
+from ctxproxy.ledger.recorder import Recorder
+from ctxproxy.proxy.ledger_wiring import LEDGER
+from ctxproxy.proxy.memory_wiring import MEMORY
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running, raw_request

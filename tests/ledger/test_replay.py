@@ -10,11 +10,11 @@ import orjson
 import pytest
 
 from bench.economics import STRATEGIES, build_session, run_one
-from ledger.prices import Price, Prices
-from ledger.report import total
-from ledger.store_sqlite import SqliteLedger
-from ledger.stores import LEDGER_FILE
-from proxy.cli import main
+from ctxproxy.ledger.prices import Price, Prices
+from ctxproxy.ledger.report import total
+from ctxproxy.ledger.store_sqlite import SqliteLedger
+from ctxproxy.ledger.stores import LEDGER_FILE
+from ctxproxy.proxy.cli import main
 from tests.test_economics_invariants import shapes_or_skip
 
 TURNS = 20

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ledger import store_pg, store_sqlite
-from ledger.model import Ledger, Record
+from ctxproxy.ledger import store_pg, store_sqlite
+from ctxproxy.ledger.model import Ledger, Record
 
 DAY = 86_400.0
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from memory.model import Store
+from ctxproxy.memory.model import Store
 from tests.fakes.server import free_port
 
 # Read at import: the autouse env cleaner removes CTXPROXY_* before any fixture runs.
@@ -97,7 +97,7 @@ class Backend:
 
 
 def _sqlite_backend(tmp_path: Path) -> Backend:
-    from memory.store_sqlite import SqliteStore
+    from ctxproxy.memory.store_sqlite import SqliteStore
 
     garbage_dir = tmp_path / "garbage"
     garbage_dir.mkdir()
@@ -113,7 +113,7 @@ def _sqlite_backend(tmp_path: Path) -> Backend:
 
 
 def _pg_backend(url: str, tmp_path: Path) -> Backend:
-    from memory.store_pg import PostgresStore
+    from ctxproxy.memory.store_pg import PostgresStore
 
     # Nothing listens on a fresh free port: the connection is refused at once.
     dead_url = f"postgresql://nobody:pw@127.0.0.1:{free_port()}/x"

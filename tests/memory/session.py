@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 
-from proxy.memory_wiring import MEMORY, Runtime
-from proxy.sse import parse_events
+from ctxproxy.proxy.memory_wiring import MEMORY, Runtime
+from ctxproxy.proxy.sse import parse_events
 from tests.fakes import codex
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream

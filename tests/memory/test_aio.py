@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from memory.aio import done, joined
-from memory.model import StoreError
+from ctxproxy.memory.aio import done, joined
+from ctxproxy.memory.model import StoreError
 
 
 async def test_the_results_come_in_the_reads_order_whatever_order_they_end_in() -> None:

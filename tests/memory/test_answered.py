@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from memory.turns import answered, last, split
-from request import History
+from ctxproxy.memory.turns import answered, last, split
+from ctxproxy.request import History
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -100,7 +100,7 @@ async def test_requests_awaiting_their_answer_are_bounded_by_bytes(
 ) -> None:
     # Room for one of these requests, not two: the older goes (its turn is stored when the
     # session resends it), the newer is kept, and both are gone once answered.
-    monkeypatch.setattr("memory.step.AWAITING_BYTES", 150_000)
+    monkeypatch.setattr("ctxproxy.memory.step.AWAITING_BYTES", 150_000)
     proxy = await start_proxy()
     upstream.then_delay(0.5).then_delay(0.5)
 

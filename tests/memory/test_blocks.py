@@ -7,8 +7,8 @@ from pathlib import Path
 
 from lxml import etree
 
-from injectors import memory_blocks, tokens
-from memory.model import Memory, MemoryType, Scope
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory.model import Memory, MemoryType, Scope
 
 SCOPE = Scope("svc")
 

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from memory.model import Memory, Scope, Store, user_ref
-from proxy.cli import main
+from ctxproxy.memory.model import Memory, Scope, Store, user_ref
+from ctxproxy.proxy.cli import main
 from tests.memory.conftest import Backend
 
 T = TypeVar("T")
@@ -259,7 +259,7 @@ def test_the_installed_command_runs_the_same_actions(backend: Backend, tmp_path:
     env.update({"CTXPROXY_" + k.upper(): str(v) for k, v in backend.settings.items()})
 
     def run(*argv: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "proxy", "memory", *argv], env=env,
+        done = subprocess.run([sys.executable, "-m", "ctxproxy.proxy", "memory", *argv], env=env,
                               cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
         return done.stdout
 

@@ -10,9 +10,9 @@ import aiohttp
 import orjson
 import pytest
 
-from memory.model import user_ref
-from memory.store_sqlite import SqliteStore
-from proxy.cli import main
+from ctxproxy.memory.model import user_ref
+from ctxproxy.memory.store_sqlite import SqliteStore
+from ctxproxy.proxy.cli import main
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from injectors import redact as redact_module
-from injectors import tokens
-from memory import cpu, distill
-from memory.cpu import Child, Pool
-from memory.model import Memory
+from ctxproxy.injectors import redact as redact_module
+from ctxproxy.injectors import tokens
+from ctxproxy.memory import cpu, distill
+from ctxproxy.memory.cpu import Child, Pool
+from ctxproxy.memory.model import Memory
 from tests.conftest import ProxyFactory
 from tests.fakes.upstream import FakeUpstream
 from tests.ledger.test_counting_process import ended

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from memory.distill import DAY, Distiller, Group, Mention, gather, plan, resolve, score
-from memory.health import Health
-from memory.model import Memory, Scope
-from memory.statements import Claim, claims
-from memory.store_sqlite import SqliteStore
+from ctxproxy.memory.distill import DAY, Distiller, Group, Mention, gather, plan, resolve, score
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.statements import Claim, claims
+from ctxproxy.memory.store_sqlite import SqliteStore
 
 SCOPE = Scope("svc", "team", "agent", "u_1")
 T0 = 1_800_000_000.0

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import respx
 
-from memory.embed import Breaker, EmbedError, HttpEmbedder
-from memory.indexer import Indexer
-from memory.model import Memory, Scope, Store
-from memory.vectors import CHUNK_CHARS, MAX_CHUNKS, VectorIndex, VectorRow, chunks, pack
+from ctxproxy.memory.embed import Breaker, EmbedError, HttpEmbedder
+from ctxproxy.memory.indexer import Indexer
+from ctxproxy.memory.model import Memory, Scope, Store
+from ctxproxy.memory.vectors import CHUNK_CHARS, MAX_CHUNKS, VectorIndex, VectorRow, chunks, pack
 from tests.fakes import embeddings as fake
 
 URL = "http://embed.test/v1"
@@ -265,8 +265,8 @@ def test_the_vector_copy_picks_up_a_row_committed_below_the_newest_it_read() -> 
 async def test_a_match_deep_in_a_long_output_is_recalled_as_that_chunks_lines(
     tmp_path: Path,
 ) -> None:
-    from memory.recall import Recaller, Weights
-    from memory.store_sqlite import SqliteStore
+    from ctxproxy.memory.recall import Recaller, Weights
+    from ctxproxy.memory.store_sqlite import SqliteStore
 
     store = SqliteStore(tmp_path / "memory.sqlite3")
     await store.open()

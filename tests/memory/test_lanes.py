@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from memory import lanes
-from memory.lanes import Lane
-from memory.store_sqlite import SqliteStore
+from ctxproxy.memory import lanes
+from ctxproxy.memory.lanes import Lane
+from ctxproxy.memory.store_sqlite import SqliteStore
 from tests.memory.test_sqlite_store import SCOPE, mem
 
 

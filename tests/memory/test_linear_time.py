@@ -20,18 +20,18 @@ from typing import Any, TypeVar
 import pytest
 from cachetools import LRUCache
 
-from injectors import memory_blocks, secret_rules
-from injectors import redact as redact_module
-from injectors.bounds import RECORD_CHARS, clip
-from injectors.redact import MARK, redact, redact_all
-from memory import snippets, working
-from memory.ingest import episodes
-from memory.model import Memory, MemoryType, Scope
-from memory.statements import _CONSTRAINT, _FACT, _RULE, claims, constraints, sentences
-from memory.turns import Turn, answered, last, split
-from memory.words import terms
-from memory.working import derive
-from request import History
+from ctxproxy.injectors import memory_blocks, secret_rules
+from ctxproxy.injectors import redact as redact_module
+from ctxproxy.injectors.bounds import RECORD_CHARS, clip
+from ctxproxy.injectors.redact import MARK, redact, redact_all
+from ctxproxy.memory import snippets, working
+from ctxproxy.memory.ingest import episodes
+from ctxproxy.memory.model import Memory, MemoryType, Scope
+from ctxproxy.memory.statements import _CONSTRAINT, _FACT, _RULE, claims, constraints, sentences
+from ctxproxy.memory.turns import Turn, answered, last, split
+from ctxproxy.memory.words import terms
+from ctxproxy.memory.working import derive
+from ctxproxy.request import History
 from tests.fakes import codex
 
 T = TypeVar("T")

@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from injectors import tokens
-from memory import turns
-from memory.model import Scope, Store, StoreError, user_ref
-from proxy import memory_wiring as wiring
-from proxy.app import METRICS
+from ctxproxy.injectors import tokens
+from ctxproxy.memory import turns
+from ctxproxy.memory.model import Scope, Store, StoreError, user_ref
+from ctxproxy.proxy import memory_wiring as wiring
+from ctxproxy.proxy.app import METRICS
 from tests.conftest import SHARED_FIXTURES, ProxyFactory, require_shared
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -614,7 +614,7 @@ async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_spli
     # A turn's split and its standing reads need not wait for each other: the split waits
     # (in its worker) for the read it should not have to come before. The history is split
     # as a long one is, in a worker (a short one is split in place, before the reads go out).
-    monkeypatch.setattr("memory.step.small_history", lambda items, size: False)
+    monkeypatch.setattr("ctxproxy.memory.step.small_history", lambda items, size: False)
     proxy = await start_proxy(**backend.settings, **CUT_EVERY_TURN)
     read, waiting, saw = threading.Event(), threading.Event(), []
     _on_standing_read(runtime(proxy).store, monkeypatch, read)

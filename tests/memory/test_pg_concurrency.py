@@ -15,8 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from memory.model import Memory, Scope
-from memory.store_pg import MIGRATIONS, PostgresStore
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.store_pg import MIGRATIONS, PostgresStore
 
 pytestmark = pytest.mark.postgres
 

@@ -8,8 +8,8 @@ from urllib.parse import urlencode
 import psycopg
 import pytest
 
-from memory.model import Memory, Scope, StoreError
-from memory.store_pg import PostgresStore
+from ctxproxy.memory.model import Memory, Scope, StoreError
+from ctxproxy.memory.store_pg import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from memory.health import Health
-from memory.model import StoreError
-from memory.queue import Job, WriteQueue
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.model import StoreError
+from ctxproxy.memory.queue import Job, WriteQueue
 
 
 def queue(size: int = 10) -> tuple[WriteQueue, list[int], list[int]]:

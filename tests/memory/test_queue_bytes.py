@@ -8,12 +8,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from memory.health import Health
-from memory.ingest import Ingester
-from memory.model import Scope, Store, StoreError
-from memory.queue import DropReason, WriteQueue
-from memory.turns import split
-from request import History
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.ingest import Ingester
+from ctxproxy.memory.model import Scope, Store, StoreError
+from ctxproxy.memory.queue import DropReason, WriteQueue
+from ctxproxy.memory.turns import split
+from ctxproxy.request import History
 from tests.fakes import codex
 
 T = TypeVar("T")
@@ -138,7 +138,7 @@ async def test_a_turn_that_leaves_the_window_is_not_rendered_again(store: Store)
 async def test_the_turn_keys_known_as_stored_are_bounded_the_oldest_session_asked_again(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("memory.ingest._KEYS", 8)  # room for one session's turns, not two
+    monkeypatch.setattr("ctxproxy.memory.ingest._KEYS", 8)  # room for one session's turns, not two
     asked: list[str] = []
     stored = store.stored
 

@@ -10,9 +10,9 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from injectors import memory_blocks, tokens
-from memory.model import Hit, Memory, MemoryType, Scope
-from memory.recall import (
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory.model import Hit, Memory, MemoryType, Scope
+from ctxproxy.memory.recall import (
     Candidate,
     Recaller,
     Weights,
@@ -22,7 +22,7 @@ from memory.recall import (
     score,
     select,
 )
-from memory.store_sqlite import SqliteStore
+from ctxproxy.memory.store_sqlite import SqliteStore
 
 SCOPE = Scope("svc", "team", "agent", "u_1")
 NOW = 1_800_000_000.0

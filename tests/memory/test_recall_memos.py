@@ -17,11 +17,11 @@ from cachetools import LRUCache
 from hypothesis import strategies as st
 from lxml import etree
 
-from injectors import memory_blocks, tokens
-from memory import snippets
-from memory.model import Memory, MemoryType, Scope
-from memory.snippets import Snippet, line_matches, snippet
-from proxy.memory_wiring import _cost
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory import snippets
+from ctxproxy.memory.model import Memory, MemoryType, Scope
+from ctxproxy.memory.snippets import Snippet, line_matches, snippet
+from ctxproxy.proxy.memory_wiring import _cost
 
 T = TypeVar("T")
 SCOPE = Scope("svc", "team", "agent", "user")

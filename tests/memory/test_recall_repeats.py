@@ -12,10 +12,10 @@ import json
 import random
 from typing import Any
 
-from injectors import memory_blocks, tokens
-from memory.model import Memory, Scope, Store
-from memory.recall import Recaller, Weights
-from memory.snippets import lines_of
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory.model import Memory, Scope, Store
+from ctxproxy.memory.recall import Recaller, Weights
+from ctxproxy.memory.snippets import lines_of
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

@@ -9,8 +9,8 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from injectors import redact as redact_module
-from injectors.redact import MARK, redact, redact_all
+from ctxproxy.injectors import redact as redact_module
+from ctxproxy.injectors.redact import MARK, redact, redact_all
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 import string
 
-from injectors.bounds import RECORD_CHARS
-from injectors.redact import MARK, redact
-from injectors.secret_rules import rules, spans
+from ctxproxy.injectors.bounds import RECORD_CHARS
+from ctxproxy.injectors.redact import MARK, redact
+from ctxproxy.injectors.secret_rules import rules, spans
 
 
 def test_detect_secrets_plugins_compile_under_re2_all_but_one() -> None:

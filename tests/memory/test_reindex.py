@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from config import load_settings
-from memory import store_pg, store_sqlite, vectors
-from memory.embed import HttpEmbedder
-from memory.indexer import Indexer
-from memory.model import Memory, Scope, Store
+from ctxproxy.config import load_settings
+from ctxproxy.memory import store_pg, store_sqlite, vectors
+from ctxproxy.memory.embed import HttpEmbedder
+from ctxproxy.memory.indexer import Indexer
+from ctxproxy.memory.model import Memory, Scope, Store
 from tests.fakes import embeddings as fake
 from tests.fakes.server import Running, serve
 from tests.fakes.upstream import FakeUpstream

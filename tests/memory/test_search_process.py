@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from memory.cpu import ChildUnavailable, Served
-from memory.model import Memory, Scope, StoreError
-from memory.store_sqlite import SqliteStore
+from ctxproxy.memory.cpu import ChildUnavailable, Served
+from ctxproxy.memory.model import Memory, Scope, StoreError
+from ctxproxy.memory.store_sqlite import SqliteStore
 from tests.ledger.test_counting_process import alive, ended
 
 SCOPE = Scope("svc", "team", "agent", "u_1")

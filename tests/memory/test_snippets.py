@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from injectors import memory_blocks, tokens
-from memory import snippets
-from memory.model import Memory, Scope
-from memory.recall import Candidate, Recaller, Weights
-from memory.snippets import (
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory import snippets
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.recall import Candidate, Recaller, Weights
+from ctxproxy.memory.snippets import (
     GAP,
     LONG_QUERY_WORDS,
     MAX_QUESTIONS,
@@ -25,10 +25,10 @@ from memory.snippets import (
     questions,
     snippet,
 )
-from memory.store_sqlite import SqliteStore
-from memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
-from memory.words import terms
-from request import History
+from ctxproxy.memory.store_sqlite import SqliteStore
+from ctxproxy.memory.turns import OUTPUT_CHARS, TURN_CHARS, render, split
+from ctxproxy.memory.words import terms
+from ctxproxy.request import History
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -279,8 +279,8 @@ async def test_a_question_that_matches_nothing_well_gets_no_recall_block(
 
 
 def test_line_words_agree_with_how_terms_splits_words() -> None:
-    from memory.snippets import _line_words
-    from memory.words import terms
+    from ctxproxy.memory.snippets import _line_words
+    from ctxproxy.memory.words import terms
 
     text = "\n".join([
         "the port is 5433", "support ticket", "PORT_X and x-port", "pörtal port", "", "5433port",
@@ -404,7 +404,7 @@ def test_a_pick_makes_snippets_only_of_what_it_may_show(monkeypatch: pytest.Monk
         made.append(text)
         return real(text, query, *args, **kwargs)
 
-    monkeypatch.setattr("memory.recall.snippet", counted)
+    monkeypatch.setattr("ctxproxy.memory.recall.snippet", counted)
     recaller = Recaller(None, weights=Weights(), k=5, budget=2000,  # type: ignore[arg-type]
                         cost=lambda m: tokens.count(memory_blocks.item(m)) + 1,
                         overhead=lambda kind: 10)

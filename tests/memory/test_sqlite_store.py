@@ -17,9 +17,9 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from memory import store_sqlite
-from memory.model import Memory, Scope, StoreError
-from memory.store_sqlite import MIGRATIONS, MatchCounts, SqliteStore, _words_like
+from ctxproxy.memory import store_sqlite
+from ctxproxy.memory.model import Memory, Scope, StoreError
+from ctxproxy.memory.store_sqlite import MIGRATIONS, MatchCounts, SqliteStore, _words_like
 
 SCOPE = Scope("svc")
 
@@ -185,7 +185,7 @@ async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_pat
     path = tmp_path / "memory.sqlite3"
     old = SqliteStore(path)
     with pytest.MonkeyPatch.context() as m:  # a store from before the column (version 6)
-        m.setattr("memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 6])
+        m.setattr("ctxproxy.memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 6])
         await old.open()
         await old.upsert([mem("before", "written before the column: ünïcode")])
         await old.close()
@@ -292,7 +292,7 @@ async def test_a_store_from_before_the_index_without_positions_finds_the_same(
     path = tmp_path / "memory.sqlite3"
     old = SqliteStore(path)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr("memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 7])
+        m.setattr("ctxproxy.memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 7])
         await old.open()
         await old.upsert([mem("port", "the database port is 5433"),
                           mem("other", "the cache is warm")])

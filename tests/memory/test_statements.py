@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.statements import Claim, claims, constraints, sentences
+from ctxproxy.memory.statements import Claim, claims, constraints, sentences
 
 
 def identities(text: str) -> list[str]:

@@ -13,20 +13,20 @@ import orjson
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from config import load_settings
-from injectors import memory_blocks, tokens
-from memory import turns as turns_
-from memory.health import Health
-from memory.ingest import Ingester
-from memory.queue import WriteQueue
-from memory.recall import Recaller, Weights
-from memory.step import MemoryStep, _Turn
-from memory.store_sqlite import SqliteStore
-from memory.working import Working
-from proxy.memory_wiring import _cost
-from request import Exchange
+from ctxproxy.config import load_settings
+from ctxproxy.injectors import memory_blocks, tokens
+from ctxproxy.memory import turns as turns_
+from ctxproxy.memory.health import Health
+from ctxproxy.memory.ingest import Ingester
+from ctxproxy.memory.queue import WriteQueue
+from ctxproxy.memory.recall import Recaller, Weights
+from ctxproxy.memory.step import MemoryStep, _Turn
+from ctxproxy.memory.store_sqlite import SqliteStore
+from ctxproxy.memory.working import Working
+from ctxproxy.proxy.memory_wiring import _cost
+from ctxproxy.request import Exchange
+from ctxproxy.window.step import WindowStep
 from tests.fakes import codex
-from window.step import WindowStep
 
 
 @dataclass
@@ -184,7 +184,7 @@ async def test_a_turns_search_goes_out_before_its_history_is_split(
 
     monkeypatch.setattr(store, "search", seen)
     # A history too long to split in place (a short one is split before anything is awaited).
-    monkeypatch.setattr("memory.step.small_history", lambda items, size: False)
+    monkeypatch.setattr("ctxproxy.memory.step.small_history", lambda items, size: False)
 
     async def offload(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         if fn is turns_.split:  # the split's thread is busy until the search has gone out

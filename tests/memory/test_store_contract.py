@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memory.model import Memory, MemoryType, Scope, Store, StoreError
-from memory.vectors import VectorRow, pack, unpack
+from ctxproxy.memory.model import Memory, MemoryType, Scope, Store, StoreError
+from ctxproxy.memory.vectors import VectorRow, pack, unpack
 from tests.memory.conftest import Backend
 
 SCOPE = Scope("svc", "team-a", "agent-1", "u_1")

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from cachetools import LRUCache
 
-from memory import working
-from memory.ingest import episodes
-from memory.model import Memory, Scope
-from memory.turns import ARGS_CHARS, OUTPUT_CHARS, render, session_key, split
-from memory.working import derive
-from request import History
+from ctxproxy.memory import working
+from ctxproxy.memory.ingest import episodes
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.turns import ARGS_CHARS, OUTPUT_CHARS, render, session_key, split
+from ctxproxy.memory.working import derive
+from ctxproxy.request import History
+from ctxproxy.window.policy import window
 from tests.conftest import SHARED_FIXTURES, require_shared
 from tests.fakes import codex
-from window.policy import window
 
 SCOPE = Scope("svc")
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from config import SettingsError, load_settings
+from ctxproxy.config import SettingsError, load_settings
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

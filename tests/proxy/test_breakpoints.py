@@ -9,9 +9,9 @@ import aiohttp
 import orjson
 import pytest
 
-from config import load_settings
-from injectors.breakpoints import MARK_KEY, client_marks, context_end, place
-from proxy.explain import explain, render
+from ctxproxy.config import load_settings
+from ctxproxy.injectors.breakpoints import MARK_KEY, client_marks, context_end, place
+from ctxproxy.proxy.explain import explain, render
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

@@ -8,8 +8,8 @@ import sys
 import aiohttp
 import pytest
 
-from config import describe_settings
-from proxy.cli import main
+from ctxproxy.config import describe_settings
+from ctxproxy.proxy.cli import main
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -27,7 +27,7 @@ def test_help_lists_every_setting_with_its_default(capsys: pytest.CaptureFixture
 
 def test_an_invalid_setting_stops_start_up_naming_the_variable() -> None:
     env = {"CTXPROXY_KEEP_TURNS": "zero", "PATH": "/usr/bin:/bin"}
-    run = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=env,
+    run = subprocess.run([sys.executable, "-m", "ctxproxy.proxy", "serve"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from knowledge.store import FILENAME, Catalogue
-from memory.model import Memory, Scope
-from memory.store_sqlite import SqliteStore
-from proxy.cli import main
+from ctxproxy.knowledge.store import FILENAME, Catalogue
+from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.store_sqlite import SqliteStore
+from ctxproxy.proxy.cli import main
 from tests.fakes.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def run(*argv: str, data_dir: Path, shell: str | None = None) -> subprocess.Comp
     if shell is not None:
         return subprocess.run(["bash", "-c", shell], env=env, cwd=ROOT, capture_output=True,
                               text=True, timeout=60)
-    return subprocess.run([sys.executable, "-m", "proxy", *argv], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ctxproxy.proxy", *argv], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -46,7 +46,7 @@ def test_plain_ctxproxy_prints_the_commands_and_exits_0_without_serving(tmp_path
     env = {"CTXPROXY_DATA_DIR": str(data_dir), "CTXPROXY_PORT": str(port),
            "PATH": "/usr/bin:/bin"}
     # A short timeout: the old behaviour served until killed.
-    done = subprocess.run([sys.executable, "-m", "proxy"], env=env, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "ctxproxy.proxy"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     assert "usage: ctxproxy" in done.stdout
@@ -82,7 +82,8 @@ def test_export_into_a_pipe_closed_early_ends_quietly(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(seed())
-    done = run(data_dir=tmp_path, shell=f"{sys.executable} -m proxy memory export | head -1")
+    done = run(data_dir=tmp_path,
+               shell=f"{sys.executable} -m ctxproxy.proxy memory export | head -1")
     assert done.returncode == 0
     assert done.stdout.startswith("{")
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

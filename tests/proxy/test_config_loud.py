@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from config import SettingsError, load_settings
+from ctxproxy.config import SettingsError, load_settings
 
 
 def run_ctxproxy(args: list[str], env: dict[str, str], tmp_path: Path
                  ) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "CTXPROXY_DATA_DIR": str(tmp_path),
            "CTXPROXY_LOG_FORMAT": "text", **env}
-    return subprocess.run([sys.executable, "-m", "proxy", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "ctxproxy.proxy", *args], env=env,
                           capture_output=True, text=True, timeout=60)
 
 

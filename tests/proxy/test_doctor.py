@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from ctxproxy.proxy.cli import main
 from tests.fakes.server import free_port
 from tests.fakes.upstream import FakeUpstream
 

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.cli import main
+from ctxproxy.proxy.cli import main
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
@@ -97,7 +97,7 @@ async def test_capture_dir_writes_each_forwarded_body_redacted(
 
 
 def test_the_ring_is_bounded_by_count_and_bytes() -> None:
-    from proxy.explain import Recent, Seen
+    from ctxproxy.proxy.explain import Recent, Seen
 
     ring = Recent(size=3, max_bytes=1000)
     for n in range(5):

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from config import load_settings
-from proxy.assemble import build_app
-from proxy.bodies import SERVER_OPTIONS
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.proxy.bodies import SERVER_OPTIONS
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running, free_port, raw_request

@@ -7,7 +7,7 @@ import sys
 
 import aiohttp
 
-from proxy.app import SWITCH_INTERVAL_S
+from ctxproxy.proxy.app import SWITCH_INTERVAL_S
 from tests.conftest import ProxyFactory
 
 

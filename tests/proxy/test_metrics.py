@@ -8,9 +8,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import METRICS, PEERS, metrics_route, sibling_app
-from proxy.metrics import Metrics, combine
-from proxy.workers import Peers
+from ctxproxy.proxy.app import METRICS, PEERS, metrics_route, sibling_app
+from ctxproxy.proxy.metrics import Metrics, combine
+from ctxproxy.proxy.workers import Peers
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.app import PIPELINE
-from proxy.pipeline import Pipeline
-from request import Exchange, Step, is_turn_start
+from ctxproxy.proxy.app import PIPELINE
+from ctxproxy.proxy.pipeline import Pipeline
+from ctxproxy.request import Exchange, Step, is_turn_start
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running
@@ -145,7 +145,7 @@ async def test_pipeline_without_failures_reports_none() -> None:
 
     from multidict import CIMultiDict, CIMultiDictProxy
 
-    from config import load_settings
+    from ctxproxy.config import load_settings
 
     ex = Exchange.parse(json.dumps(codex.request(codex.session(2))).encode(),
                         CIMultiDictProxy(CIMultiDict(codex.headers())), load_settings(env={}))

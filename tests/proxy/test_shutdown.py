@@ -1,4 +1,4 @@
-"""SIGTERM on a real ``python -m proxy serve`` process while a stream is open."""
+"""SIGTERM on a real ``python -m ctxproxy.proxy serve`` process while a stream is open."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass
 class Server:
-    """A ``python -m proxy serve`` subprocess and the log lines it has written so far."""
+    """A ``python -m ctxproxy.proxy serve`` subprocess and the log lines it has written so far."""
 
     proc: asyncio.subprocess.Process
     port: int
@@ -61,7 +61,7 @@ async def server(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Server
 @contextlib.asynccontextmanager
 async def serving(upstream: FakeUpstream, tmp_path: Path, **settings: str
                   ) -> AsyncIterator[Server]:
-    """``python -m proxy serve`` in front of ``upstream``, with ``settings`` in its
+    """``python -m ctxproxy.proxy serve`` in front of ``upstream``, with ``settings`` in its
     environment besides its address, upstream and data directory."""
     port = free_port()
     env = {
@@ -75,7 +75,7 @@ async def serving(upstream: FakeUpstream, tmp_path: Path, **settings: str
         **settings,
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", cwd=ROOT, env=env,
+        sys.executable, "-m", "ctxproxy.proxy", "serve", cwd=ROOT, env=env,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE)
     srv = Server(proc, port)

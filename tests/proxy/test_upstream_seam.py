@@ -8,9 +8,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from config import load_settings
-from proxy.assemble import build_app
-from proxy.upstream import Upstream
+from ctxproxy.config import load_settings
+from ctxproxy.proxy.assemble import build_app
+from ctxproxy.proxy.upstream import Upstream
 from tests.fakes import codex
 from tests.fakes.server import free_port, serve
 from tests.fakes.upstream import FakeUpstream

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from request import is_turn_start, message_text
+from ctxproxy.request import is_turn_start, message_text
+from ctxproxy.window.policy import turns_to_drop, window
 from tests.conftest import SHARED_FIXTURES, require_shared
 from tests.fakes import codex
-from window.policy import turns_to_drop, window
 
 
 def prompts(items: list[dict[str, Any]]) -> list[str]:

@@ -1,4 +1,5 @@
-"""``CTXPROXY_WORKERS``: several ``python -m proxy serve`` processes on one port, one store."""
+"""``CTXPROXY_WORKERS``: several ``python -m ctxproxy.proxy serve`` processes on one port, one
+store."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from config import load_settings
-from memory.model import Store
-from memory.store_pg import PostgresStore
-from memory.store_sqlite import SqliteStore
+from ctxproxy.config import load_settings
+from ctxproxy.memory.model import Store
+from ctxproxy.memory.store_pg import PostgresStore
+from ctxproxy.memory.store_sqlite import SqliteStore
 from tests.fakes import codex
 from tests.fakes.server import free_port
 from tests.fakes.upstream import FakeUpstream
@@ -45,7 +46,8 @@ def _env(tmp_path: Path, port: int, **settings: str) -> dict[str, str]:
 
 @pytest.fixture
 async def start(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Start]:
-    """Start ``python -m proxy serve`` (its stderr read as it comes) before the fake upstream."""
+    """Start ``python -m ctxproxy.proxy serve`` (its stderr read as it comes) before the fake
+    upstream."""
     running: list[tuple[Server, asyncio.Task[None]]] = []
 
     async def start_(port: int | None = None, **settings: str) -> Server:
@@ -53,7 +55,8 @@ async def start(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Start]:
         settings.setdefault("upstream_url", upstream.url + "/v1")  # type: ignore[attr-defined]
         # A session of its own: the teardown kills the supervisor and every worker at once.
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", "serve", cwd=ROOT, env=_env(tmp_path, port, **settings),
+            sys.executable, "-m", "ctxproxy.proxy", "serve", cwd=ROOT,
+            env=_env(tmp_path, port, **settings),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, start_new_session=True)
         srv = Server(proc, port)
@@ -219,7 +222,7 @@ async def test_workers_that_cannot_listen_stop_the_server_with_exit_1(start: Sta
 @pytest.mark.parametrize("value", ["many", "-1", "1.5"])
 def test_a_bad_workers_value_exits_2_naming_the_variable(tmp_path: Path, value: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "proxy", "serve"], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "ctxproxy.proxy", "serve"], cwd=ROOT, capture_output=True, text=True,
         env=_env(tmp_path, free_port(), workers=value), timeout=GUARD_S)
     assert done.returncode == 2
     assert done.stderr.startswith("ctxproxy: invalid setting: CTXPROXY_WORKERS: ")

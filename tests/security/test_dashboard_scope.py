@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from lxml import html
 
-from config import load_settings
-from ledger import store_pg, store_sqlite
-from ledger.sql import TABLE
-from ledger.stores import LEDGER_FILE, make_ledger
-from memory.model import Memory
-from proxy.ledger_wiring import LEDGER
+from ctxproxy.config import load_settings
+from ctxproxy.ledger import store_pg, store_sqlite
+from ctxproxy.ledger.sql import TABLE
+from ctxproxy.ledger.stores import LEDGER_FILE, make_ledger
+from ctxproxy.memory.model import Memory
+from ctxproxy.proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream

@@ -14,8 +14,8 @@ import aiohttp
 import orjson
 import pytest
 
-from config.logs import JsonFormatter
-from proxy.cli import main
+from ctxproxy.config.logs import JsonFormatter
+from ctxproxy.proxy.cli import main
 from tests.conftest import ProxyFactory
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream

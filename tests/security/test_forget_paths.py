@@ -8,7 +8,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from memory.model import Memory
+from ctxproxy.memory.model import Memory
 from tests.conftest import ProxyFactory
 from tests.fakes.server import Running
 from tests.fakes.upstream import FakeUpstream

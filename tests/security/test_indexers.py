@@ -99,8 +99,8 @@ CASES = [
 
 def run(data_dir: Path, indexer: Indexer, folder: Path) -> subprocess.CompletedProcess[str]:
     """``ctxproxy knowledge add-...`` in a process of its own, as a user runs it."""
-    argv = [sys.executable, "-m", "proxy", "knowledge", indexer.command, "--team", "team-1",
-            "--name", "Docs", str(folder)]
+    argv = [sys.executable, "-m", "ctxproxy.proxy", "knowledge", indexer.command,
+            "--team", "team-1", "--name", "Docs", str(folder)]
     try:
         return subprocess.run(
             ["bash", "-c", f'ulimit -v {ADDRESS_SPACE_KB} && exec "$@"', "ctxproxy", *argv],

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from memory.statements import claims, is_unsafe
+from ctxproxy.memory.statements import claims, is_unsafe
 from tests.conftest import ProxyFactory
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend, backend, pg_url

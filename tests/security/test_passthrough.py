@@ -9,8 +9,8 @@ import json
 import aiohttp
 import pytest
 
-from config import load_settings
-from config.settings import SettingsError
+from ctxproxy.config import load_settings
+from ctxproxy.config.settings import SettingsError
 from tests.conftest import ProxyFactory
 from tests.fakes.server import raw_request
 from tests.fakes.upstream import FakeUpstream

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from memory.model import Memory
+from ctxproxy.memory.model import Memory
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

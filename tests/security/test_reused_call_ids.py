@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from memory.model import Memory
+from ctxproxy.memory.model import Memory
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

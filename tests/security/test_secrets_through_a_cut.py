@@ -19,17 +19,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from config.logs import JsonFormatter
-from injectors import redact
-from injectors.secret_rules import rules
-from proxy.ledger_wiring import LEDGER
-from request import History
+from ctxproxy.config.logs import JsonFormatter
+from ctxproxy.injectors import redact
+from ctxproxy.injectors.secret_rules import rules
+from ctxproxy.proxy.ledger_wiring import LEDGER
+from ctxproxy.request import History
+from ctxproxy.window.digest import digest_message
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend, backend, pg_url
 from tests.memory.session import Session, codex_text, runtime, settle
-from window.digest import digest_message
 
 __all__ = ["backend", "pg_url"]
 

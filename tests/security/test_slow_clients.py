@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from config import SettingsError, load_settings
-from proxy.app import METRICS
+from ctxproxy.config import SettingsError, load_settings
+from ctxproxy.proxy.app import METRICS
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running

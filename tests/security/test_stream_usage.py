@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.ledger_wiring import LEDGER
-from proxy.sse import MAX_EVENT, UsageTap
+from ctxproxy.proxy.ledger_wiring import LEDGER
+from ctxproxy.proxy.sse import MAX_EVENT, UsageTap
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream, message_item, stream_events

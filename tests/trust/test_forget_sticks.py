@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from memory.model import Memory, Scope
+from ctxproxy.memory.model import Memory, Scope
 from tests.conftest import ProxyFactory
 from tests.fakes.upstream import FakeUpstream
 from tests.knowledge.wikis import ctxproxy

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from memory.model import Store
-from proxy.auth import load_client_keys
+from ctxproxy.memory.model import Store
+from ctxproxy.proxy.auth import load_client_keys
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

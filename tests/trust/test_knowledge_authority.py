@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from knowledge.capability import CapabilityKey, Grant, check, mint
+from ctxproxy.knowledge.capability import CapabilityKey, Grant, check, mint
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream

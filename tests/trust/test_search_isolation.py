@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.model import Memory, Scope, Store
+from ctxproxy.memory.model import Memory, Scope, Store
 
 OURS = Scope("svc", "team-a", "agent-1", "u_a")
 THEIRS = Scope("svc", "team-b", "agent-1", "u_b")
@@ -41,7 +41,7 @@ async def test_another_scopes_volume_does_not_push_a_memory_out_of_search(
 async def test_a_store_from_before_scoped_search_is_migrated_and_searchable(tmp_path) -> None:
     import sqlite3
 
-    from memory import store_sqlite
+    from ctxproxy.memory import store_sqlite
 
     path = tmp_path / "memory.sqlite3"
     conn = sqlite3.connect(path, isolation_level=None)

@@ -9,13 +9,13 @@ from unittest import mock
 from lxml import etree
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from config import load_settings
-from injectors.cut_digest import CutTurn, render
-from request import Exchange, History, Identity, is_turn_start
+from ctxproxy.config import load_settings
+from ctxproxy.injectors.cut_digest import CutTurn, render
+from ctxproxy.request import Exchange, History, Identity, is_turn_start
+from ctxproxy.window import digest as digest_module
+from ctxproxy.window.digest import Digests, digest_message
+from ctxproxy.window.step import WindowStep
 from tests.fakes import codex
-from window import digest as digest_module
-from window.digest import Digests, digest_message
-from window.step import WindowStep
 
 Item = dict[str, Any]
 

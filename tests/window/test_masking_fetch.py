@@ -13,12 +13,20 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.outputs import GONE, KEY_FILE, PATH, SESSION_HEADER, MaskedOutputs, OutputIds, load_key
-from request import Identity
+from ctxproxy.proxy.outputs import (
+    GONE,
+    KEY_FILE,
+    PATH,
+    SESSION_HEADER,
+    MaskedOutputs,
+    OutputIds,
+    load_key,
+)
+from ctxproxy.request import Identity
+from ctxproxy.window.masking import Output, mask_output, mask_text
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.upstream import FakeUpstream
-from window.masking import Output, mask_output, mask_text
 
 BIG = "".join(f"line {n}: some build output worth keeping\n" for n in range(400))
 WINDOW = {"window_policy": "fixed", "keep_turns": 2, "trim_slack": 0,

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from config import load_settings
-from request import Exchange, History, is_turn_start, message_text
+from ctxproxy.config import load_settings
+from ctxproxy.request import Exchange, History, is_turn_start, message_text
+from ctxproxy.window.policy import CostPolicy, Shape
+from ctxproxy.window.step import WindowStep
 from tests.fakes import codex
-from window.policy import CostPolicy, Shape
-from window.step import WindowStep
 
 Item = dict[str, Any]
 OUTPUT = "x" * 4000  # about 1,000 tokens a tool output
