@@ -216,7 +216,11 @@ class Settings(BaseSettings):
     core_url: str | None = Field(None, description="Core service URL; unset: the embedded core.")
     core_token: SecretStr | None = Field(None, description="Bearer token for the core service.")
     core_timeout_ms: int = Field(1500, gt=0, description="Timeout of one core call.")
-    knowledge_ttl_s: float = Field(300.0, ge=0, description="How long discovery results are kept.")
+    knowledge_ttl_s: float = Field(
+        300.0, ge=0,
+        description="How long discovery results are kept. A remote core's changes show "
+        "within it; the embedded core's (`ctxproxy knowledge ...`) on the next request.",
+    )
     capability_ttl_s: float = Field(
         3600.0, gt=0,
         description="How often the capability tokens in the <knowledge_tools> curl lines "

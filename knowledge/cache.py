@@ -78,6 +78,12 @@ class TtlCache(Generic[K, V]):
         self._entries[key] = _Entry(value, self._clock() + ttl, size)
         self.bytes += size
 
+    def clear(self) -> None:
+        """Forget every value. Loads under way still store theirs when they end: a caller
+        that must not be served one keys its lookups anew (as ``Discovery`` does)."""
+        self._entries.clear()
+        self.bytes = 0
+
     async def close(self) -> None:
         """Cancel loads still running (at shutdown) and wait for them to end."""
         tasks = list(self._inflight.values())

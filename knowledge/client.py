@@ -3,6 +3,10 @@
 The calls raise ``CoreError``; ``Discovery.assets`` is what the request path uses, and it never
 raises: a failure is one warning naming the call and the reason, and an empty result that is
 remembered for the negative TTL, so a dead core costs one timeout per TTL, not one per request.
+
+A remote core's answers are kept for the TTL: a change made there shows within it. The
+embedded core's catalogue says when it changed (``generation``): every answer is dropped at
+once then, so a ``ctxproxy knowledge`` command shows on the proxy's next request.
 """
 
 from __future__ import annotations
@@ -173,7 +177,7 @@ class Found:
     failed: bool = False
 
 
-CacheKey = tuple[str, str, str | None, str]
+CacheKey = tuple[str, str, str | None, str, int]  # service, team, agent, key digest, generation
 ASSET_OVERHEAD = 200  # bytes an asset takes beside its text: the objects holding it
 
 
@@ -187,7 +191,11 @@ def _size(found: Found) -> int:
 
 
 class Discovery:
-    """Which assets a (team, agent, user key) may use, cached per that key and service id."""
+    """Which assets a (team, agent, user key) may use, cached per that key and service id.
+
+    ``generation``, when given, is a cheap count (it runs on the event loop, on every lookup)
+    that changes whenever the core's answers may have: a change drops every cached answer,
+    the failures' too. Without it (a remote core) an answer lives for its TTL."""
 
     def __init__(
         self,
@@ -199,6 +207,7 @@ class Discovery:
         negative_ttl_s: float,
         lookups: Counter | None = None,
         failures: Counter | None = None,
+        generation: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.core = core
@@ -209,6 +218,8 @@ class Discovery:
         self._lookups = lookups  # labelled by result: hit, miss, shared, negative_hit
         self._failures = failures
         self._cache: TtlCache[CacheKey, Found] = TtlCache(size_of=_size, clock=clock)
+        self._generation = generation
+        self._seen = generation() if generation is not None else 0
 
     async def assets(
         self, team_id: str | None, agent_id: str | None = None, user_key: str | None = None
@@ -218,8 +229,10 @@ class Discovery:
             return ()
         if not (agent_id and user_key):
             agent_id = user_key = None  # the team-wide path: one cache entry per team
-        # The cache holds a digest, not the user key itself.
-        key: CacheKey = (self.service_id, team_id, agent_id, user_digest(user_key))
+        seen = self._current()
+        # The cache holds a digest, not the user key itself. The generation is in the key so
+        # that a load begun before a change, and ending after it, is never served after it.
+        key: CacheKey = (self.service_id, team_id, agent_id, user_digest(user_key), seen)
 
         async def load() -> tuple[Found, float]:
             return await self._load(team_id, agent_id, user_key)
@@ -229,6 +242,16 @@ class Discovery:
             label = "negative_hit" if how == "hit" and found.failed else how
             self._lookups.labels(label).inc()
         return found.assets
+
+    def _current(self) -> int:
+        """The generation now; a new one drops every cached answer."""
+        if self._generation is None:
+            return 0
+        now = self._generation()
+        if now != self._seen:
+            self._seen = now
+            self._cache.clear()
+        return now
 
     async def close(self) -> None:
         await self._cache.close()

@@ -8,6 +8,7 @@ the busy timeout for the others'.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import sqlite3
 import threading
@@ -21,7 +22,9 @@ from typing import Any
 from ctxproxy.config.files import private_file, wal
 from ctxproxy.knowledge.wiki import Page
 
-__all__ = ["FILENAME", "Catalogue", "SyncResult", "WrongType"]
+__all__ = ["FILENAME", "Catalogue", "Generation", "SyncResult", "WrongType"]
+
+log = logging.getLogger("ctxproxy.knowledge")
 
 FILENAME = "knowledge.sqlite3"
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -403,3 +406,47 @@ class Catalogue:
             params.append(digest)
         sql += " ORDER BY b.priority DESC, b.created_at DESC, b.rowid DESC"
         return self._rows(sql, params)
+
+
+class Generation:
+    """Whether the catalogue has changed: a count that moves whenever any other connection
+    (a ``ctxproxy knowledge`` command in another process, another worker) commits to it.
+
+    SQLite's ``PRAGMA data_version`` on a connection of this object's own, which never
+    writes: a few microseconds (the WAL index's header and the first page, already cached
+    unless the file changed), and it never waits (busy timeout 0), so the event loop may ask
+    it on every request. A commit that changed nothing discovery shows (a page's text, a
+    checkpoint) moves it too; that costs one reload. Not thread-safe: one caller, the loop.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._last = 0
+        self._failing = False
+
+    @classmethod
+    def open(cls, path: Path) -> Generation:
+        """For the catalogue at ``path``, which ``Catalogue.open`` has made."""
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 0")
+        conn.execute("PRAGMA query_only = ON")
+        generation = cls(conn)
+        generation.current()
+        return generation
+
+    def current(self) -> int:
+        """The count now; the last one seen if SQLite cannot tell at once (a warning then,
+        once until it can: answers are kept for their TTL meanwhile)."""
+        try:
+            row = self._conn.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            if not self._failing:
+                self._failing = True
+                log.warning("cannot tell whether the knowledge catalogue changed: %s", exc)
+            return self._last
+        self._failing = False
+        self._last = int(row[0])
+        return self._last
+
+    def close(self) -> None:
+        self._conn.close()

@@ -16,7 +16,7 @@ from ctxproxy.knowledge.client import Core, Discovery, HttpCore
 from ctxproxy.knowledge.routes import EMBEDDED, add_routes, add_tool_routes
 from ctxproxy.knowledge.service import EmbeddedCore, LocalCore
 from ctxproxy.knowledge.step import KnowledgeStep
-from ctxproxy.knowledge.store import FILENAME, Catalogue
+from ctxproxy.knowledge.store import FILENAME, Catalogue, Generation
 from ctxproxy.proxy.app import METRICS, SETTINGS
 from ctxproxy.proxy.chat_memory import ChatMemoryAssets
 from ctxproxy.request import Step
@@ -24,6 +24,7 @@ from ctxproxy.request import Step
 DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
 CAPABILITY = web.AppKey("knowledge_capability", CapabilityKey)
 LOCAL = web.AppKey("knowledge_local", ChatMemoryAssets)
+GENERATION = web.AppKey("knowledge_generation", Generation)
 CAPABILITY_KEY_FILE = "capability.key"
 
 
@@ -66,9 +67,12 @@ def step(app: web.Application) -> Step | None:
 
 async def _embedded_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    catalogue = await asyncio.to_thread(Catalogue.open, settings.data_dir / FILENAME)
+    path = settings.data_dir / FILENAME
+    catalogue = await asyncio.to_thread(Catalogue.open, path)
     app[EMBEDDED] = EmbeddedCore(catalogue, settings.reachable_url + "/v3")
+    app[GENERATION] = generation = await asyncio.to_thread(Generation.open, path)
     yield
+    generation.close()
     await asyncio.to_thread(catalogue.close)
 
 
@@ -76,9 +80,12 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     http: HttpCore | None = None
     core: Core
+    generation = None
     if settings.core_url is None:
         # In-process: no self-HTTP call on the hot path; the routes serve the model's curl.
         core = LocalCore(app[EMBEDDED], settings.service_id)
+        # A `ctxproxy knowledge` command shows on the next request, not after the TTL.
+        generation = app[GENERATION].current
     else:
         token = settings.core_token.get_secret_value() if settings.core_token else None
         core = http = HttpCore(
@@ -95,6 +102,7 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
         negative_ttl_s=settings.knowledge_negative_ttl_s,
         lookups=app[METRICS].knowledge_cache,
         failures=app[METRICS].degraded.labels("knowledge"),
+        generation=generation,
     )
     app[DISCOVERY] = discovery
     yield

@@ -308,3 +308,45 @@ async def test_a_caller_that_goes_away_does_not_cancel_the_shared_lookup(core: H
     assert len(await second) == 1
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+@respx.mock
+async def test_a_new_generation_drops_every_answer_the_failures_too(core: HttpCore) -> None:
+    route = respx.post(LIST).mock(
+        side_effect=[httpx.ConnectError("refused"), ok([wiki(1)]), ok([wiki(1), wiki(2)])])
+    generation = [7]
+    d = discovery(core, ttl_s=300, negative_ttl_s=30, generation=lambda: generation[0])
+    assert await d.assets("t1") == ()
+    assert await d.assets("t1") == ()  # remembered while nothing changed
+    generation[0] += 1
+    assert len(await d.assets("t1")) == 1
+    assert len(await d.assets("t1")) == 1
+    assert route.call_count == 2
+    generation[0] += 1
+    assert len(await d.assets("t1")) == 2
+    assert route.call_count == 3 and len(d._cache._entries) == 1
+
+
+@respx.mock
+async def test_a_lookup_begun_before_a_change_is_not_served_after_it(core: HttpCore) -> None:
+    gate = asyncio.Event()
+    answers = iter([[wiki(1)], [wiki(1), wiki(2)]])
+
+    async def slow_first(request: httpx.Request) -> httpx.Response:
+        items = next(answers)
+        if len(items) == 1:
+            await gate.wait()
+        return ok(items)
+
+    respx.post(LIST).mock(side_effect=slow_first)
+    generation = [0]
+    d = discovery(core, generation=lambda: generation[0])
+    before = asyncio.create_task(d.assets("t1"))
+    await asyncio.sleep(0.01)
+    generation[0] += 1  # a change lands while the first lookup is still out
+    after = asyncio.create_task(d.assets("t1"))  # does not join the first lookup
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert len(await before) == 1
+    assert len(await after) == 2
+    assert len(await d.assets("t1")) == 2  # the late first answer is never served now

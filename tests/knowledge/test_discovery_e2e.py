@@ -67,16 +67,6 @@ async def run_curl(line: str) -> dict[str, Any]:
         return answer
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"  # the one start_proxy uses
-
-
-@pytest.fixture
-def wiki_id(tmp_path: Path, data_dir: Path, capsys: Capsys) -> str:
-    return add_wiki(capsys, data_dir, write_wiki(tmp_path / "docs"))
-
-
 # --- the embedded core -----------------------------------------------------------------------
 
 
@@ -280,6 +270,22 @@ async def test_a_remote_core_gets_the_agent_path_with_the_user_key(
     assert agent_path == "/v3/meta/agent-fixed-asset/list-with-detail"
     assert agent_headers["x-tdai-user-key"] == "uk-secret-1"
     assert list_body == {"team_id": "team-1", "knowledge_ids": ["cg-00000002"]}
+
+
+async def test_a_remote_cores_answer_is_kept_for_the_ttl(
+    fake_core: FakeCore, upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    # Only the embedded core says when its catalogue changed: a remote one is asked again
+    # when the TTL runs out (a change made there shows within it).
+    fake_core.items = [remote_item(1)]
+    proxy = await start_proxy(core_url=fake_core.url)  # type: ignore[attr-defined]
+    headers = codex.headers(**{"x-team-id": "t9"})
+    await post(proxy.url, codex.request(codex.session(2)), headers)
+    fake_core.items = [remote_item(1), remote_item(2)]
+    for _ in range(2):
+        await post(proxy.url, codex.request(codex.session(2)), headers)
+        assert ids(block_of(upstream)) == ["cg-00000001"]
+    assert len(fake_core.calls) == 1
 
 
 @pytest.mark.parametrize("mode", ["slow", "garbage"])
