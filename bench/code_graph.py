@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench._results import write_block
+from bench.harness.machine import machine, revision
+from bench.harness.results import write_block
 from ctxproxy.knowledge.code_index import index_repository
 from ctxproxy.knowledge.store import FILENAME, Catalogue
 
@@ -110,21 +108,6 @@ def timed(catalogue: Catalogue, root: Path) -> tuple[float, str]:
                   f"{result.unchanged} unchanged; {parsed} parsed")
 
 
-def machine() -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{os.cpu_count()} cores, Linux {platform.release()}, Python "
-            f"{platform.python_version()}; load average at the start {load}")
-
-
-def checkout() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.code_graph", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m bench.code_graph" + " ".join(["", *(argv or sys.argv[1:])])
     verdict = "met" if first < GOAL_S else "MISSED"
     text = "\n".join([
-        f"Measured {datetime.date.today().isoformat()} at checkout {checkout()} on "
+        f"Measured {datetime.date.today().isoformat()} at checkout {revision()} on "
         f"{machine()}. Command: `{command.strip()}`.",
         "",
         f"{args.files:,} generated files ({size / 1e6:.1f} MB; Python, TypeScript, JavaScript, "

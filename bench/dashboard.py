@@ -23,14 +23,14 @@ from pathlib import Path
 
 import aiohttp
 
-from bench._checkout import revision
-from bench._results import write_block
+from bench.harness.machine import revision
+from bench.harness.postgres import fresh_schema
+from bench.harness.results import write_block
+from bench.harness.serving import free_port, serve
 from ctxproxy.config import load_settings
 from ctxproxy.ledger.model import Record
 from ctxproxy.ledger.stores import make_ledger
 from ctxproxy.proxy.assemble import build_app
-from tests.fakes.server import free_port, serve
-from tests.memory.conftest import fresh_schema
 
 SECTION = "## Dashboard"
 BEGIN = "<!-- dashboard:begin (written by bench/dashboard.py) -->"

@@ -10,8 +10,8 @@ developer and context messages, tools array, headers, turn metadata): tool loops
 outputs, several requests per user turn, facts planted early and asked about later. A fake
 Codex client replays a session request by request, appending what the scripted model answered
 and what the tools printed, exactly as Codex does, so every strategy sees the same session.
-bench/pricing.py bills each request (tiktoken, by prefix or breakpoint cache rules); the proxy
-runs in-process.
+bench/harness/pricing.py bills each request (tiktoken, by prefix or breakpoint cache rules);
+the proxy runs in-process.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ import platform
 import random
 import re
 import shlex
-import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,95 +37,49 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
-from bench._checkout import revision
-from bench._codex import (
+from bench.harness.codex import (
     AUTO_COMPACT_TOKENS,
     AutoCompact,
+    Shapes,
+    chat_memory_call,
     compaction_input,
     is_compaction_request,
     is_summary,
+    load_shapes,
     message_text,
     prompt_starts,
     read_answer,
+    run_curl,
+    search_command,
 )
-from bench._results import write_block
-from bench.pricing import (
+from bench.harness.machine import load_average, revision
+from bench.harness.pricing import (
     BLOCK_TOKENS,
-    BREAKPOINT_MODEL,
-    RULES,
-    WRITE_PRICE,
+    TOKENIZER,
     Bill,
     PricingUpstream,
-    PromptTokenizer,
     Rules,
+    SimClock,
+    add_cache_rules_argument,
+    cache_rules_note,
     message,
 )
-from ctxproxy.config import Settings, load_settings
+from bench.harness.proxy_settings import SIMULATED_TIME, strategy_settings
+from bench.harness.results import write_block
+from bench.harness.serving import free_port, serving
+from ctxproxy.config import load_settings
 from ctxproxy.knowledge.store import FILENAME, Catalogue
 from ctxproxy.knowledge.wiki import Page
 from ctxproxy.proxy.assemble import build_app
 
 Item = dict[str, Any]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex"
-SHAPE = "03_resume_7turns/0001_POST_v1_responses.json"
 PNG = Path(__file__).resolve().parent / "economics.png"
 SECTION = "## Context economics"
 BEGIN = "<!-- economics-run:begin (written by bench/economics.py) -->"
 END = "<!-- economics-run:end -->"
 
 # --- the real shapes -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """What every request of a Codex session carries besides its history."""
-
-    context: list[Item]  # system prompt, developer and context messages
-    body: dict[str, Any]  # model, tools, reasoning, include, ... (key order as Codex sends)
-    headers: dict[str, str]
-    meta: dict[str, Any]  # x-codex-turn-metadata
-
-    def request(
-        self, history: list[Item], thread: str, turn_id: str, kind: str = "turn"
-    ) -> tuple[bytes, dict[str, str]]:
-        """The body and headers of one request; ``kind="compaction"`` as Codex sends its local
-        compaction (no tools, ``request_kind`` and ``compaction`` in the turn metadata)."""
-        meta = {**self.meta, "session_id": thread, "thread_id": thread, "turn_id": turn_id,
-                "root_turn_id": turn_id, "window_id": f"{thread}:0", "request_kind": kind}
-        if kind == "compaction":
-            meta["compaction"] = {"trigger": "auto", "reason": "context_limit",
-                                  "implementation": "responses", "strategy": "memento"}
-        meta_json = orjson.dumps(meta).decode()
-        body = {**self.body, "input": history, "prompt_cache_key": thread,
-                "client_metadata": {"thread_id": thread, "turn_id": turn_id,
-                                    "x-codex-turn-metadata": meta_json}}
-        if kind == "compaction":
-            body["tools"] = []
-        headers = {**self.headers, "x-codex-turn-metadata": meta_json, "session-id": thread,
-                   "thread-id": thread, "x-client-request-id": thread,
-                   "x-codex-window-id": f"{thread}:0"}
-        return orjson.dumps(body), headers
-
-
-def load_shapes(path: Path = FIXTURES / SHAPE, rules: Rules = "prefix") -> Shapes:
-    """The shapes of a recorded request; under breakpoint rules its requests name a model the
-    provider prices by them (as a proxy that marks breakpoints for such models sees it)."""
-    data = orjson.loads(path.read_bytes())
-    body, headers = data["body"], data["headers"]
-    items = body["input"]
-    context = items[: prompt_starts(items)[0]]
-    keep = ("x-codex-beta-features", "originator", "User-Agent", "Accept", "Content-Type")
-    body = {k: v for k, v in body.items() if k not in ("client_metadata",)}
-    if rules == "breakpoint":
-        body["model"] = BREAKPOINT_MODEL
-    return Shapes(
-        context=context,
-        body=body,
-        headers={**{k: headers[k] for k in keep}, "Authorization": "Bearer sk-bench"},
-        meta=orjson.loads(headers["x-codex-turn-metadata"]),
-    )
 
 
 # --- the synthetic session -------------------------------------------------------------------
@@ -348,44 +300,12 @@ def _check_facts(session: Session) -> None:
 
 _MEMORY_BLOCK = re.compile(r"<(?:working|episodic|semantic)_memory\b")
 PULL = "call_pull"  # the call id of the model's search of its chat memory
-_CALL_TOOL = re.compile(
-    r"<knowledge [^>]*type=\"chat-memory\"[^>]*>.*?<call_tool>(.*?)</call_tool>", re.S)
-
-
-def chat_memory_call(instructions: str) -> str | None:
-    """The chat-memory asset's call_tool line in the block, unescaped, if it is there."""
-    found = _CALL_TOOL.search(instructions)
-    if found is None:
-        return None
-    return found[1].replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">") \
-        .replace("&amp;", "&")
-
-
-def search_command(line: str, query: str) -> str:
-    """The block's call_tool line as a search of the chat memory for ``query``."""
-    argv = shlex.split(line)
-    argv[-1] = orjson.dumps({**orjson.loads(argv[-1]), "tool_name": "search",
-                             "params": {"query": query}}).decode()
-    return " ".join(shlex.quote(a) for a in argv)
-
-
 def _pull_call(line: str, question: str, turn: int) -> Item:
     """An exec_command that runs the block's line with a search for ``question``."""
     cmd = search_command(line, question)
     return {"type": "function_call", "status": "completed", "id": f"fc_t{turn:03d}p",
             "name": "exec_command", "call_id": f"{PULL}_t{turn:03d}",
             "arguments": orjson.dumps({"cmd": cmd, "yield_time_ms": 10000}).decode()}
-
-
-async def run_curl(http: aiohttp.ClientSession, cmd: str) -> str:
-    """What the model's shell would print for a block's curl line (POST, -H, -d)."""
-    argv = shlex.split(cmd)
-    url = next(a for a in argv if a.startswith("http"))
-    headers = dict(argv[i + 1].split(": ", 1) for i, a in enumerate(argv) if a == "-H")
-    data = argv[argv.index("-d") + 1]
-    async with http.post(url, data=data, headers=headers) as resp:
-        return await resp.text()
-
 
 
 class ScriptedModel:
@@ -434,19 +354,9 @@ class ScriptedModel:
         return turn.responses[min(done, len(turn.responses) - 1)]
 
 
-@dataclass
-class SimClock:
-    """Simulated wall time: the bench runs in seconds what a user spends hours on."""
-
-    now: float = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def replay(http: aiohttp.ClientSession, base_url: str, session: Session, shapes: Shapes,
                  clock: SimClock, compact: AutoCompact | None = None) -> list[dict[str, int]]:
-    """Play the session as Codex would, auto-compaction included (bench/_codex.py); returns
+    """Play the session as Codex would, auto-compaction included (bench/harness/codex.py); returns
     the usage the client saw per request."""
     r = random.Random(session.thread)
     compact = compact or AutoCompact()
@@ -515,7 +425,6 @@ class Strategy:
 # an answer, the replay's at once, and the child's hand-offs would race it (a fact of the
 # ten-turn session went unrecalled). Neither changes what is forwarded; they are the two
 # settings the bench changes for the "defaults" row.
-SIMULATED_TIME = {"distill_interval_s": 0.05, "memory_process": False}
 NO_MEMORY = {"memory_enabled": False}
 FIXED_NO_MEMORY = {**NO_MEMORY, "window_policy": "fixed"}
 STRATEGIES = {s.name: s for s in (
@@ -586,29 +495,6 @@ class Run:
     @property
     def recall(self) -> float:
         return sum(self.recalled.values()) / len(self.recalled) if self.recalled else 1.0
-
-
-TOKENIZER = PromptTokenizer()  # shared: its memo saves re-tokenising the same items per run
-
-
-@asynccontextmanager
-async def serving(app: web.Application, port: int = 0) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def seed_knowledge(data_dir: Path, team_id: str) -> None:
@@ -748,20 +634,6 @@ def parse_strategy(spec: str) -> Strategy:
     return Strategy(name, {**SIMULATED_TIME, **strategy_settings(name, rest)}, rest)
 
 
-def strategy_settings(name: str, pairs: str) -> dict[str, Any]:
-    settings: dict[str, Any] = {}
-    for pair in filter(None, pairs.split(",")):
-        key, _, raw = pair.partition("=")
-        key = key.strip().lower().removeprefix("ctxproxy_")
-        if key not in Settings.model_fields:  # Settings ignores unknown keys: refuse instead
-            raise ValueError(f"strategy {name}: there is no setting {key!r}")
-        try:
-            settings[key] = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            settings[key] = raw
-    return settings
-
-
 async def main_async(args: argparse.Namespace) -> list[Run]:
     shapes = load_shapes(rules=args.cache_rules)
     strategies = [STRATEGIES[n] if n in STRATEGIES else parse_strategy(n)
@@ -819,30 +691,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{seconds:.0f} s", file=sys.stderr)
 
 
-def add_cache_rules_argument(parser: argparse.ArgumentParser) -> None:
-    """``--cache-rules``, the same for every bench that prices with bench/pricing.py."""
-    parser.add_argument("--cache-rules", choices=RULES, default="prefix",
-                        help="how the fake provider caches: prefix (before gpt-5.6: the longest "
-                        "shared prefix, in 128-token blocks) or breakpoint (gpt-5.6 and later: "
-                        f"prefixes stored at breakpoints, written at {WRITE_PRICE}x; the "
-                        f"requests name {BREAKPOINT_MODEL})")
-
-
-def cache_rules_note(rules: Rules) -> str:
-    """One sentence for a report: the cache rules its bills were priced by."""
-    if rules == "prefix":
-        return ("Cache rules: prefix (the longest prefix shared with an earlier request, from "
-                "1024 tokens in 128-token blocks).")
-    return (f"Cache rules: breakpoint (the requests name `{BREAKPOINT_MODEL}`; prefixes are "
-            "stored at the end of the prompt and at explicitly marked items, read only when "
-            "exactly repeated; tokens written to the cache cost "
-            f"{WRITE_PRICE}x and are part of every cost column; *written*: their share of the "
-            "input).")
-
-
 def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, command: str) -> str:
     """The RESULTS.md block: how it was measured, then the table."""
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = load_average()
     strategies = "; ".join(dict.fromkeys(
         f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
     return "\n".join([
@@ -858,7 +709,7 @@ def report(runs: Sequence[Run], args: argparse.Namespace, seconds: float, comman
         "`exec_command` calls a turn with 1-8 KB outputs, one request per model step; facts "
         "planted in the first third (by the user or in a tool output), asked in the second "
         "half. Costs are input tokens only, relative to direct at the same length and seeds. "
-        "The client compacts as Codex does (bench/_codex.py), direct and through the proxy: "
+        "The client compacts as Codex does (bench/harness/codex.py), direct and through the proxy: "
         f"when the input tokens the server reported pass {args.limit:,}, one compaction "
         "request (whole history + compaction prompt, no tools; priced like any request), "
         "then the context, the prompts (at most 20k tokens) and the summary; through the "

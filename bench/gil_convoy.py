@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 import orjson
 import re2
 
-from bench._results import write_block
-from bench.overhead import machine
+from bench.harness.machine import machine
+from bench.harness.results import write_block
 from ctxproxy.injectors import tokens
 from ctxproxy.injectors.redact import redact, redact_all
 
@@ -164,7 +164,7 @@ def report(rows: Sequence[Row], rounds: int, argv: Sequence[str],
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join([".venv/bin/python -m bench.gil_convoy", *argv])
     lines = [
-        f"Measured {stamp} with `{command}` on {machine().split('. The machine')[0]}.",
+        f"Measured {stamp} with `{command}` on {machine()}.",
         "",
         "The main thread stands for the event loop (a pipe's write and read, each a system call "
         "that gives the GIL up); one other thread runs the work of the row meanwhile. "

@@ -4,7 +4,7 @@ ctxproxy (its defaults: window, knowledge, memory) takes a hostile body.
     python -m bench.hostile_load            # writes its block into bench/RESULTS.md
     python -m bench.hostile_load --no-write
 
-The upstream (bench/_upstream.py) and ctxproxy run as their own processes on loopback. For
+The upstream (bench/harness/upstream.py) and ctxproxy run as their own processes on loopback. For
 each hostile body of tests/test_hostile.py: first a bystander session sends small requests one
 after another for a baseline; then the hostile request goes out and, from that moment until
 two seconds after its answer (the memory side works on in the background), the bystander
@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,10 +29,12 @@ from pathlib import Path
 
 import aiohttp
 
-from bench._results import write_block
-from bench.overhead import _server_env, free_port, start, start_proxy, stop
-from tests.fakes import codex
-from tests.test_hostile import CASES
+from bench.harness import small_codex as codex
+from bench.harness.hostile import CASES
+from bench.harness.machine import load_average
+from bench.harness.processes import UPSTREAM_CMD, server_env, start, start_proxy, stop
+from bench.harness.results import write_block
+from bench.harness.serving import free_port
 
 SECTION = "## Hostile input, seen from another session"
 BEGIN = "<!-- hostile-load:begin (written by bench/hostile_load.py) -->"
@@ -90,7 +91,7 @@ def report(rows: list[tuple[str, float, list[float], int, float]], argv: Sequenc
         f"`{' '.join(['python -m bench.hostile_load', *argv])}` on {os.cpu_count()} cores "
         "(shared), Python "
         f"{platform.python_version()}; load average at the end "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}. Goal (issue 11): each adds at most "
+        f"{load_average()}. Goal (issue 11): each adds at most "
         "50 ms to another session's time to first byte.",
         "",
         "| hostile body | its answer | its time (s) | bystander requests | added TTFB p50 (ms) "
@@ -110,8 +111,8 @@ async def main_async(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         port = free_port()
-        upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port)],
-                         _server_env({}), port, workdir)
+        upstream = start("upstream", [*UPSTREAM_CMD, "--port", str(port)],
+                         server_env({}), port, workdir)
         proxy = start_proxy("defaults", upstream, workdir, defaults=True)
         try:
             for name, make in CASES.items():

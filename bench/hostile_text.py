@@ -26,12 +26,13 @@ import time
 import types
 from collections.abc import Callable, Sequence
 
-from bench._results import write_block
+from bench.harness.hostile import SHAPES
+from bench.harness.machine import load_average
+from bench.harness.results import write_block
 from ctxproxy.injectors import redact as redact_module
 from ctxproxy.injectors.redact import redact
 from ctxproxy.memory.distill import Group, Mention, gather, resolve
 from ctxproxy.memory.statements import claims, constraints
-from tests.memory.test_linear_time import SHAPES
 
 SECTION = "## Hostile text"
 BEGIN = "<!-- hostile-text:begin (written by bench/hostile_text.py) -->"
@@ -97,7 +98,7 @@ def claim_groups(count: int) -> list[Group]:
 
 def report(rows: Sequence[tuple[str, ...]], before: str | None, command: str) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_avg = load_average()
     head = ["input", "now"] + ([f"before ({before})"] if before else [])
     lines = [
         f"### Run of {now}", "", f"`{command}`",

@@ -3,9 +3,9 @@
     .venv/bin/python -m bench.knowledge            # writes its section of bench/RESULTS.md
     .venv/bin/python -m bench.knowledge --quick --no-write
 
-The fake upstream (bench/_upstream.py) and two ctxproxy processes run on loopback; this process
-is the client. The same 30-turn Codex request (bench/_session.py) goes three ways, interleaved
-request by request:
+The fake upstream (bench/harness/upstream.py) and two ctxproxy processes run on loopback; this
+process is the client. The same 30-turn Codex request (bench/harness/session.py) goes three
+ways, interleaved request by request:
 
 - *window alone*: proxy A, no team header, so the knowledge step has nothing to do;
 - *discovery, warm cache*: proxy A with ``x-team-id``; the embedded core lists one wiki and
@@ -33,20 +33,13 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import _session
-from bench._results import RESULTS, write_block
-from bench._upstream import answer_events
-from bench.overhead import (
-    Client,
-    Proc,
-    _server_env,
-    free_port,
-    machine,
-    p99,
-    proxy_cmd,
-    start,
-    stop,
-)
+from bench.harness import session as bench_session
+from bench.harness.client import Client, p99
+from bench.harness.machine import machine
+from bench.harness.processes import UPSTREAM_CMD, Proc, proxy_cmd, server_env, start, stop
+from bench.harness.results import RESULTS, write_block
+from bench.harness.serving import free_port
+from bench.harness.upstream import answer_events
 
 SECTION = "## Knowledge discovery"
 BEGIN, END = "<!-- knowledge:begin (written by bench/knowledge.py) -->", "<!-- knowledge:end -->"
@@ -64,7 +57,7 @@ PAGES = {
 
 def start_proxy(name: str, upstream: Proc, workdir: Path, extra: dict[str, str]) -> Proc:
     port = free_port()
-    env = _server_env({
+    env = server_env({
         "CTXPROXY_PORT": str(port),
         "CTXPROXY_UPSTREAM_URL": f"http://127.0.0.1:{upstream.port}/v1",
         "CTXPROXY_MEMORY_ENABLED": "false",
@@ -79,7 +72,7 @@ def add_wiki(workdir: Path, data_dir: Path) -> str:
     for name, text in PAGES.items():
         (docs / name).parent.mkdir(parents=True, exist_ok=True)
         (docs / name).write_text(text)
-    env = _server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
+    env = server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
     out = subprocess.run(
         [sys.executable, "-m", "ctxproxy.proxy", "knowledge", "add-wiki", "--team", TEAM, "--name",
          "Ledger docs", "--summary", "Design notes of the ledger service", str(docs)],
@@ -106,8 +99,8 @@ def metric(proc: Proc, name: str, label: str) -> float:
 
 
 async def measure(proxy: Proc, dead: Proc, requests: int) -> tuple[dict[str, list[float]], float]:
-    body = _session.encode(_session.request(TURNS))
-    plain = _session.headers(TURNS)
+    body = bench_session.encode(bench_session.request(TURNS))
+    plain = bench_session.headers(TURNS)
     team = {**plain, "x-team-id": TEAM}
     targets = [("window alone", proxy.url, plain), ("discovery, warm cache", proxy.url, team),
                ("dead core, after the first timeout", dead.url, team)]
@@ -143,7 +136,8 @@ def report(ttfb: dict[str, list[float]], first_timeout: float, requests: int) ->
                     f"{'—' if values is base else ms(added_p99)} |")
     notes = [
         f"- {requests} requests per row, interleaved (rotating order), concurrency 1, the same "
-        f"{len(_session.encode(_session.request(TURNS))) // 1024} KB, {TURNS}-turn request; "
+        f"{len(bench_session.encode(bench_session.request(TURNS))) // 1024} KB, "
+        f"{TURNS}-turn request; "
         "the window cuts it to 5 turns in every row.",
         f"- The first request to the dead core waited {ms(first_timeout)} ms "
         f"(CORE_TIMEOUT_MS={TIMEOUT_MS}); with the default KNOWLEDGE_NEGATIVE_TTL_S=30 one "
@@ -164,8 +158,8 @@ async def run(workdir: Path, requests: int) -> tuple[dict[str, list[float]], flo
     procs: list[Proc] = []
     try:
         port = free_port()
-        upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port",
-                                      str(port)], _server_env({}), port, workdir)
+        upstream = start("upstream", [*UPSTREAM_CMD, "--port",
+                                      str(port)], server_env({}), port, workdir)
         procs.append(upstream)
         add_wiki(workdir, workdir / "embedded-data")
         proxy = start_proxy("embedded", upstream, workdir, {})
@@ -196,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     requests = 40 if args.quick else args.requests
     # The shared machine description, without overhead.py's note about its own rounds.
-    about = machine().split(" The machine is shared")[0] + " The machine is shared with other jobs."
+    about = f"{machine()}. The machine is shared with other jobs."
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp:
         ttfb, first = asyncio.run(run(Path(tmp), requests))

@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench import _session
-from bench._results import write_block
+from bench.harness import session as bench_session
+from bench.harness.results import write_block
 from ctxproxy.memory import lanes
 from ctxproxy.memory.model import Memory, Scope
 from ctxproxy.memory.store_sqlite import SqliteStore
@@ -53,7 +53,7 @@ def first_come_first_served() -> Iterator[None]:
 def _episodes(session: int, turns: int, now: float) -> list[Memory]:
     rng = random.Random(session)
     return [Memory(type="episodic", scope=SCOPE, key=f"s{session}-t{n}",
-                   text="\n".join(_session._sentence(rng, 14) for _ in range(60)),
+                   text="\n".join(bench_session.sentence(rng, 14) for _ in range(60)),
                    session_id=f"s{session}", turn_index=n, created_at=now, updated_at=now)
             for n in range(turns)]
 

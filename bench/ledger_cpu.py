@@ -31,10 +31,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from bench import _session
-from bench._checkout import revision
-from bench._results import write_block
-from bench._upstream import create_app as upstream_app
+from bench.harness import ledger_reference as reference
+from bench.harness import session as bench_session
+from bench.harness.machine import revision
+from bench.harness.results import write_block
+from bench.harness.serving import free_port, serve
+from bench.harness.upstream import create_app as upstream_app
 from bench.load import SCRIPTS, Script, Thread, knowledge
 from ctxproxy.config import load_settings
 from ctxproxy.injectors import tokens
@@ -44,8 +46,6 @@ from ctxproxy.ledger.model import Record
 from ctxproxy.proxy import ledger_wiring
 from ctxproxy.proxy.app import Access, Sent
 from ctxproxy.proxy.assemble import build_app
-from tests.fakes.server import free_port, serve
-from tests.ledger import reference
 
 SECTION = "## Ledger CPU"
 BEGIN = "<!-- ledger-cpu:begin (written by bench/ledger_cpu.py) -->"
@@ -77,7 +77,7 @@ async def capture(scripts: int, turns: int, workdir: Path) -> list[tuple[Pending
     ledger_wiring.pending = keep
     try:
         rng = random.Random(3)
-        context, tools = _session.context_items(random.Random(3)), _session.tools()
+        context, tools = bench_session.context_items(random.Random(3)), bench_session.tools()
         async with aiohttp.ClientSession() as http:
             for seed in range(scripts):
                 thread = Thread(Script.make(seed, turns), seed, context, tools, 0.0, rng=rng,

@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.load --workers 2         # CTXPROXY_WORKERS=2: its own block
     .venv/bin/python -m bench.load --shape agent       # real agent runs (../shared): own block
 
-Processes on loopback: the fake upstream (bench/_upstream.py, its 70 SSE events ``--pace-ms``
+Processes on loopback: the fake upstream (bench/harness/upstream.py, its 70 SSE events ``--pace-ms``
 apart, as a model streams tokens; each answer's pace varies by up to ``--jitter``, as answers
 take more or less time, so that sessions started together do not stay in step), ctxproxy
 (``python -m ctxproxy.proxy serve``: SQLite memory in a temporary data dir, a wiki added with the
@@ -22,8 +22,8 @@ session, under which the proxy stored each turn two or three times). So the wind
 knowledge block goes into every request.
 
 The same load first goes straight to the upstream (the baseline), then through a bare aiohttp
-relay (bench/_naive.py: what any Python relay adds on these cores, for reference), then through
-the proxy: a warm-up (its own row: every session new to the proxy, as after a restart) from
+relay (bench/harness/naive.py: what any Python relay adds on these cores, for reference), then
+through the proxy: a warm-up (its own row: every session new to the proxy, as after a restart) from
 which the same sessions go on into the measured run. Reported: errors (a status other than
 200, a stream that is cut or not the upstream's bytes, a timeout; must be 0), requests per
 second, time to first byte and to the end of the stream both ways and their difference (the
@@ -57,10 +57,20 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench import _session
-from bench._results import RESULTS, write_block
-from bench._upstream import ANSWER_HEADER, answer_events, item_events
-from bench.overhead import Proc, _server_env, free_port, machine, proxy_cmd, start, stop
+from bench.harness import session as bench_session
+from bench.harness.machine import machine
+from bench.harness.processes import (
+    NAIVE_CMD,
+    UPSTREAM_CMD,
+    Proc,
+    proxy_cmd,
+    server_env,
+    start,
+    stop,
+)
+from bench.harness.results import RESULTS, write_block
+from bench.harness.serving import free_port
+from bench.harness.upstream import ANSWER_HEADER, answer_events, item_events
 from bench.recall import backend
 from bench.trajectories import Task, load_tasks, task_items
 from ctxproxy.memory.store_pg import PostgresStore
@@ -73,7 +83,7 @@ AGENTS = ("agent-a", "agent-b", "agent-c", "agent-d")
 SCRIPTS = 16  # distinct thread scripts; every thread gets its own session id
 REQUEST_TIMEOUT_S = 60.0
 RELAY_WARMUP_S = 2.0  # the bare relay's own warm-up (its connections), not counted
-ANSWER_EVENTS = 70  # the fake upstream's events per answer (bench/_upstream.py)
+ANSWER_EVENTS = 70  # the fake upstream's events per answer (bench/harness/upstream.py)
 WINDOW_S = 10.0  # the measured run's p99 reported by parts this long (the restart's after-effect)
 # chat: the bench's own turns (a few tool rounds at most, every other request a new turn);
 # agent: the real agent runs of ../shared/trajectories, a task a turn and a request per
@@ -106,7 +116,7 @@ class Script:
             return Script(tuple(tuple(task_items(t, j)) for j, t in enumerate(picked)), seed,
                           shape)
         rng = random.Random(seed)
-        return Script(tuple(tuple(_session._turn(rng, n)) for n in range(1, turns + 1)), seed)
+        return Script(tuple(tuple(bench_session.turn(rng, n)) for n in range(1, turns + 1)), seed)
 
 
 @functools.cache
@@ -155,7 +165,7 @@ def answer_streams(scripts: Sequence[Script]) -> dict[str, list[bytes]]:
 
 @functools.lru_cache(maxsize=4096)
 def answer_events_of(key: str) -> list[bytes]:
-    """The SSE events of the answer ``key`` names, one write each (bench/_upstream.py)."""
+    """The SSE events of the answer ``key`` names, one write each (bench/harness/upstream.py)."""
     shape, *numbers = key.split(":")
     seed, turns, turn, step = (int(part) for part in numbers)
     items = Script.make(seed, turns, shape).turns[turn]
@@ -217,7 +227,7 @@ class Thread:
         sid = self.session_id
         agent = AGENTS[self.user % len(AGENTS)]
         return {
-            **_session.headers(),
+            **bench_session.headers(),
             "x-codex-window-id": f"{sid}:0", "x-codex-turn-metadata": self._meta(turn_id),
             "x-client-request-id": sid, "session-id": sid, "thread-id": sid,
             "x-team-id": TEAM, "x-agent-id": agent, "x-tdai-user-key": f"key-{agent}",
@@ -290,8 +300,8 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
     warm, run = Run(), Run()
     fixed = b"".join(answer_events())
     rng = random.Random(seed)
-    context = _session.context_items(random.Random(seed))
-    tools = _session.tools()
+    context = bench_session.context_items(random.Random(seed))
+    tools = bench_session.tools()
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     began = time.perf_counter()
     measure_at = began + warmup
@@ -345,7 +355,7 @@ def knowledge(workdir: Path, data_dir: Path) -> str:
     for name, text in PAGES.items():
         (docs / name).parent.mkdir(parents=True, exist_ok=True)
         (docs / name).write_text(text)
-    env = _server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
+    env = server_env({"CTXPROXY_DATA_DIR": str(data_dir)})
 
     def cli(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "ctxproxy.proxy", "knowledge", *args], env=env,
@@ -362,7 +372,7 @@ def knowledge(workdir: Path, data_dir: Path) -> str:
 def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | None,
                 workers: int = 1, settings: Sequence[str] = ()) -> Proc:
     port = free_port()
-    env = _server_env({
+    env = server_env({
         "CTXPROXY_PORT": str(port),
         "CTXPROXY_UPSTREAM_URL": f"http://127.0.0.1:{upstream.port}/v1",
         "CTXPROXY_DATA_DIR": str(data_dir),
@@ -495,10 +505,10 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     port = free_port()
     for key in answer_streams(scripts):  # the client's expected bytes, before anything is timed
         answer_stream(key)
-    upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port", str(port),
+    upstream = start("upstream", [*UPSTREAM_CMD, "--port", str(port),
                                   "--scripts", str(SCRIPTS), "--turns", str(args.turns),
                                   "--shape", args.shape],
-                     _server_env({}), port, workdir)
+                     server_env({}), port, workdir)
     proxy: Proc | None = None
     try:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
@@ -566,12 +576,12 @@ def prepared(proxy: Proc | None, offset: int) -> dict[str, list[float]]:
 
 async def bare_relay(args: argparse.Namespace, upstream: Proc, workdir: Path,
                      scripts: Sequence[Script]) -> tuple[Run, float]:
-    """The same load through the least an aiohttp proxy can do (bench/_naive.py, one
+    """The same load through the least an aiohttp proxy can do (bench/harness/naive.py, one
     process): what any Python relay adds on these cores, and its CPU."""
     port = free_port()
-    naive = start("naive", [sys.executable, "-m", "bench._naive", "--port", str(port),
+    naive = start("naive", [*NAIVE_CMD, "--port", str(port),
                             "--upstream", upstream.url.rsplit("/", 1)[0]],
-                  _server_env({}), port, workdir)
+                  server_env({}), port, workdir)
     try:
         cpu_at: list[dict[int, float]] = []
         print(f"bare relay: {args.sessions} sessions for {args.direct_seconds:.0f} s ...",
@@ -625,7 +635,7 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join([".venv/bin/python -m bench.load", *args.argv])
     lines = [
-        f"Measured {stamp} with `{command}` on {machine().split('. The machine')[0]}. Run "
+        f"Measured {stamp} with `{command}` on {machine()}. Run "
         f"time {seconds:.0f} s.",
         "",
         f"{args.sessions} concurrent streaming sessions ("

@@ -4,13 +4,13 @@
     python -m bench.overhead --quick --no-write
     python -m bench.overhead --profile /tmp/proxy.prof [--concurrency 32]   # cProfile the proxy
 
-The fake upstream (bench/_upstream.py) and ctxproxy (``python -m ctxproxy.proxy serve``) run as
-their own processes on loopback; this process is the client. The same ~150 KB, 30-turn Codex
+The fake upstream (bench/harness/upstream.py) and ctxproxy (``python -m ctxproxy.proxy serve``)
+run as their own processes on loopback; this process is the client. The same ~150 KB, 30-turn Codex
 request goes straight to the upstream and through three proxies: ctxproxy with the default window
 (it cuts 25 of the 30 turns, so the body is parsed, cut and re-serialised), ctxproxy with a window
 that keeps everything (parsed, then the client's original bytes are forwarded), and, for
-reference, a bare aiohttp relay (bench/_naive.py). CPU times are read from /proc for each server
-process. Each figure is the median over repeated rounds, because the machine is shared.
+reference, a bare aiohttp relay (bench/harness/naive.py). CPU times are read from /proc for each
+server process. Each figure is the median over repeated rounds, because the machine is shared.
 """
 
 from __future__ import annotations
@@ -19,134 +19,42 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import os
-import platform
 import pstats
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import aiohttp
 
-from bench import _components, _session
-from bench._results import RESULTS, write_block
-from bench._upstream import answer_events
+from bench import components
+from bench.harness import session as bench_session
+from bench.harness.client import Client, p99
+from bench.harness.machine import machine
+from bench.harness.processes import (
+    NAIVE_CMD,
+    UPSTREAM_CMD,
+    Proc,
+    server_env,
+    start,
+    start_proxy,
+    stop,
+)
+from bench.harness.results import RESULTS, write_block
+from bench.harness.serving import free_port
+from bench.harness.upstream import answer_events
 
-ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Proxy overhead"
 BEGIN, END = "<!-- overhead:begin (written by bench/overhead.py) -->", "<!-- overhead:end -->"
 TURNS = 30
+SHARED = ("The machine is shared with other jobs: figures are medians over rounds, and the "
+          "throughput ratio is the noisiest of them.")
 
 
 # --- processes -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    """A server process under test, and its CPU time read from /proc."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/responses"
-
-    def cpu_s(self) -> float:
-        """On-CPU time of all its threads, from schedstat (ns); /proc/PID/stat ticks if absent."""
-        pid = self.popen.pid
-        try:
-            total = 0
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            return total / 1e9
-        except (FileNotFoundError, ProcessLookupError):
-            with open(f"/proc/{pid}/stat") as f:
-                # Fields after the command name; utime and stime are the 14th and 15th.
-                rest = f.read().rsplit(")", 1)[1].split()
-            return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _server_env(extra: dict[str, str]) -> dict[str, str]:
-    """The environment without the caller's CTXPROXY_* settings; bench/ importable from anywhere."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
-
-
-def start(name: str, cmd: list[str], env: dict[str, str], port: int, workdir: Path) -> Proc:
-    log = workdir / f"{name}.log"
-    out: IO[bytes] = log.open("wb")
-    popen = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    out.close()
-    proc = Proc(name, popen, port, log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"{name} exited at start-up:\n{log.read_text()[-2000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        time.sleep(0.05)  # start-up polling only; nothing is measured here
-    stop(proc)
-    raise RuntimeError(f"{name} did not come up on port {port}")
-
-
-def stop(proc: Proc) -> None:
-    if proc.popen.poll() is None:
-        proc.popen.send_signal(signal.SIGTERM)
-        try:
-            proc.popen.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait()
-
-
-def proxy_cmd(profile: Path | None = None) -> list[str]:
-    prefix = [sys.executable]
-    if profile is not None:
-        prefix += ["-m", "cProfile", "-o", str(profile)]
-    return [*prefix, "-m", "ctxproxy.proxy", "serve"]
-
-
-def start_proxy(name: str, upstream: Proc, workdir: Path, keep_turns: int | None = None,
-                profile: Path | None = None, defaults: bool = False) -> Proc:
-    """ctxproxy with its defaults (``defaults``: memory on, a team for knowledge discovery),
-    or with memory off and ``keep_turns``."""
-    port = free_port()
-    settings = {
-        "CTXPROXY_PORT": str(port),
-        "CTXPROXY_UPSTREAM_URL": f"http://127.0.0.1:{upstream.port}/v1",
-        "CTXPROXY_DATA_DIR": str(workdir / f"{name}-data"),
-    }
-    if defaults:
-        settings["CTXPROXY_TEAM_ID"] = "bench-team"
-    else:
-        settings["CTXPROXY_MEMORY_ENABLED"] = "false"
-        settings["CTXPROXY_KEEP_TURNS"] = str(keep_turns)
-    env = _server_env(settings)
-    return start(name, proxy_cmd(profile), env, port, workdir)
-
 
 @contextlib.contextmanager
 def servers(workdir: Path, profile: Path | None = None) -> Iterator[list[Proc]]:
@@ -154,64 +62,21 @@ def servers(workdir: Path, profile: Path | None = None) -> Iterator[list[Proc]]:
     procs: list[Proc] = []
     try:
         port = free_port()
-        upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port",
-                                      str(port)], _server_env({}), port, workdir)
+        upstream = start("upstream", [*UPSTREAM_CMD, "--port",
+                                      str(port)], server_env({}), port, workdir)
         procs.append(upstream)
         procs.append(start_proxy("defaults", upstream, workdir, profile=profile, defaults=True))
         if profile is None:
             procs.append(start_proxy("window", upstream, workdir, keep_turns=5))
             procs.append(start_proxy("passthrough", upstream, workdir, keep_turns=1000))
             port = free_port()
-            procs.append(start("naive", [sys.executable, "-m", "bench._naive", "--port",
+            procs.append(start("naive", [*NAIVE_CMD, "--port",
                                          str(port), "--upstream", upstream.url.rsplit("/", 1)[0]],
-                               _server_env({}), port, workdir))
+                               server_env({}), port, workdir))
         yield procs
     finally:
         for proc in reversed(procs):
             stop(proc)
-
-
-# --- the client ------------------------------------------------------------------------------
-
-
-@dataclass
-class Client:
-    session: aiohttp.ClientSession
-    body: bytes
-    headers: dict[str, str]
-    expected: bytes
-
-    async def one(self, url: str) -> tuple[float, float]:
-        """(time to the first body byte, time to the end of the stream), in seconds."""
-        start = time.perf_counter()
-        first = 0.0
-        received = bytearray()
-        async with self.session.post(url, data=self.body, headers=self.headers) as resp:
-            async for chunk in resp.content.iter_any():
-                if not first:
-                    first = time.perf_counter()
-                received += chunk
-            status = resp.status
-        end = time.perf_counter()
-        if status != 200 or received != self.expected:
-            raise RuntimeError(f"{url}: status {status}, {len(received)} bytes: not the answer")
-        return first - start, end - start
-
-    async def batch(self, url: str, count: int, concurrency: int) -> float:
-        """Send ``count`` requests with ``concurrency`` in flight; the wall time."""
-        left = iter(range(count))
-
-        async def worker() -> None:
-            for _ in left:
-                await self.one(url)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - start
-
-
-def p99(values: Sequence[float]) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def rotate(items: Sequence[Proc | None], n: int) -> list[Proc | None]:
@@ -261,10 +126,10 @@ async def measure(procs: list[Proc], sizes: Sizes) -> Results:
     upstream, proxies = procs[0], procs[1:]
     targets: list[Proc | None] = [None, *proxies]  # None: straight to the upstream
     res = Results()
-    body = _session.encode(_session.request(TURNS))
+    body = bench_session.encode(bench_session.request(TURNS))
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        client = Client(session, body, _session.headers(TURNS), b"".join(answer_events()))
+        client = Client(session, body, bench_session.headers(TURNS), b"".join(answer_events()))
         paced = Client(session, body, {**client.headers, "x-bench-pace-ms": str(PACE_MS)},
                        client.expected)
         for target in targets:  # warm up connections, caches and the proxies' code paths
@@ -318,7 +183,7 @@ LABELS = {
     "defaults": "ctxproxy, the defaults (window, knowledge, memory)",
     "window": "ctxproxy, window only (memory off)",
     "passthrough": "ctxproxy, nothing to cut (client's bytes forwarded)",
-    "naive": "reference: bare aiohttp relay (bench/_naive.py)",
+    "naive": "reference: bare aiohttp relay (bench/harness/naive.py)",
 }
 
 
@@ -371,9 +236,10 @@ def report(res: Results, proxies: list[str], body_kb: float) -> str:
 
     answer = answer_events()
     notes = [
-        f"- Request: {body_kb:.0f} KB, {TURNS} turns (bench/_session.py), streaming. Answer: "
-        f"{len(answer)} SSE events, {len(b''.join(answer)) / 1024:.0f} KB, one event per write "
-        "(bench/_upstream.py). Every answer is checked byte for byte against the upstream's.",
+        f"- Request: {body_kb:.0f} KB, {TURNS} turns (bench/harness/session.py), streaming. "
+        f"Answer: {len(answer)} SSE events, {len(b''.join(answer)) / 1024:.0f} KB, one event per "
+        "write (bench/harness/upstream.py). Every answer is checked byte for byte against the "
+        "upstream's.",
         f"- Direct: TTFB median {_ms(med(res.ttfb['direct']))} ms (p99 "
         f"{_ms(med(res.ttfb_p99['direct']))}), end of stream {_ms(med(res.total['direct']))} "
         f"ms; upstream CPU {_ms(med(res.upstream_cpu['direct']))} ms per request at c=1, "
@@ -393,20 +259,6 @@ def report(res: Results, proxies: list[str], body_kb: float) -> str:
     return "\n".join([*rows, "", *notes])
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{os.cpu_count()} cores ({cpu}), Linux {platform.release()}, Python "
-            f"{platform.python_version()}, aiohttp {aiohttp.__version__}; load average at the "
-            f"start {load}. The machine is shared with other jobs: figures are medians over "
-            "rounds, and the throughput ratio is the noisiest of them.")
-
-
 def write_results(text: str) -> None:
     write_block(SECTION, BEGIN, END, text)
 
@@ -415,9 +267,9 @@ def write_results(text: str) -> None:
 
 
 async def drive(url: str, count: int, concurrency: int) -> None:
-    body = _session.encode(_session.request(TURNS))
+    body = bench_session.encode(bench_session.request(TURNS))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        client = Client(session, body, _session.headers(TURNS), b"".join(answer_events()))
+        client = Client(session, body, bench_session.headers(TURNS), b"".join(answer_events()))
         await client.batch(url, count, concurrency)
 
 
@@ -425,8 +277,8 @@ def profile(out: Path, count: int, concurrency: int, keep_turns: int) -> None:
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp:
         workdir = Path(tmp)
         port = free_port()
-        upstream = start("upstream", [sys.executable, "-m", "bench._upstream", "--port",
-                                      str(port)], _server_env({}), port, workdir)
+        upstream = start("upstream", [*UPSTREAM_CMD, "--port",
+                                      str(port)], server_env({}), port, workdir)
         try:
             proxy = start_proxy("profiled", upstream, workdir, keep_turns, profile=out)
             try:
@@ -459,23 +311,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sizes = QUICK if args.quick else Sizes()
     started = time.monotonic()
-    about = machine()
+    about = f"{machine()}. {SHARED}"
     # Timed before and after the run, keeping each row's best: the machine is shared.
-    parts_before = _components.measure()
-    body_kb = len(_session.encode(_session.request(TURNS))) / 1024
+    parts_before = components.measure()
+    body_kb = len(bench_session.encode(bench_session.request(TURNS))) / 1024
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp, \
             servers(Path(tmp)) as procs:
         res = asyncio.run(measure(procs, sizes))
         names = [p.name for p in procs[1:]]
     table = report(res, names, body_kb)
-    parts = _components.table(parts_before, _components.measure())
+    parts = components.table(parts_before, components.measure())
     today = datetime.date.today().isoformat()
     command = "`make bench`" if not args.quick else "`.venv/bin/python -m bench.overhead --quick`"
     text = (f"Measured {today} with {command} on {about} Run time "
             f"{time.monotonic() - started:.0f} s.\n\n{table}\n\n"
             "The proxy's own work on the same request, timed in process (best of 7 runs, so "
             "with warm caches; inside the running proxy it costs about twice this; "
-            f"`python -m bench._components`):\n\n{parts}")
+            f"`python -m bench components`):\n\n{parts}")
     print(text)
     if not args.no_write:
         write_results(text)

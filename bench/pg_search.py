@@ -32,12 +32,12 @@ from unittest import mock
 
 import psycopg
 
-from bench._results import write_block
-from bench.overhead import machine
+from bench.harness.machine import machine
+from bench.harness.postgres import fresh_schema
+from bench.harness.results import write_block
 from ctxproxy.memory import store_pg
 from ctxproxy.memory.model import Memory, Scope
 from ctxproxy.memory.store_pg import PostgresStore
-from tests.memory.conftest import fresh_schema
 
 SECTION = "## PostgreSQL search while memories arrive"
 BEGIN = "<!-- pg-search:begin (written by bench/pg_search.py) -->"
@@ -99,7 +99,7 @@ async def run(base: str, count: int, searches: int, rounds: int) -> str:
         for name in names:
             times[name] += await _variant(base, name, memories, questions)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    about = machine().split(". The machine")[0]
+    about = machine()
     lines = [
         f"Measured {now} with `.venv/bin/python -m bench.pg_search` on {about}.",
         "",

@@ -38,15 +38,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from bench import _session
-from bench._results import RESULTS, write_block
-from bench._upstream import answer_events
+from bench.harness import session as bench_session
+from bench.harness.postgres import with_search_path
+from bench.harness.results import RESULTS, write_block
+from bench.harness.serving import serve_plain
+from bench.harness.upstream import answer_events
 from ctxproxy.config import Settings, load_settings
 from ctxproxy.injectors import tokens
 from ctxproxy.memory.model import Memory, MemoryType, Scope, Store, user_ref
@@ -85,7 +86,7 @@ def _vocabulary(rng: random.Random, size: int = 4000) -> list[str]:
     """Most frequent first: 30 filler words (the role stopwords play in real text, but not
     dropped by search), then the domain words the questions use, then a long tail."""
     words = [_pseudo(rng) for _ in range(30)]
-    domain = sorted(set(_COMMON) | set(_session._WORDS))
+    domain = sorted(set(_COMMON) | set(bench_session.WORDS))
     rng.shuffle(domain)
     words += domain
     while len(words) < size:
@@ -139,7 +140,7 @@ class Fact:
     value: str  # appears nowhere else: if it is in the prompt, the memory brought it
 
 
-def _facts(rng: random.Random) -> list[Fact]:
+def all_facts(rng: random.Random) -> list[Fact]:
     port = str(rng.randint(20000, 29999))
     region = f"eu-{rng.choice(['north', 'west', 'south'])}-{rng.randint(11, 99)}"
     prefix = "ft" + "".join(rng.choices("qxzvwk", k=4))
@@ -169,14 +170,14 @@ def _facts(rng: random.Random) -> list[Fact]:
     ]
 
 
-_TASKS = [
+TASKS = [
     "Refactor the settle worker so that retries are idempotent.",
     "Add pagination to the ledger export endpoint.",
     "Make the balance cache invalidate on every posting.",
     "Speed up the slow tests in tests/test_settle.py.",
     "Write a migration that adds an index on (tenant_id, posted_at).",
 ]
-_FILLER = [
+FILLER = [
     "Now run the tests for {m} and tell me what fails.",
     "Open {m} and explain the retry loop briefly.",
     "Rename the helper in {m} to something clearer.",
@@ -197,14 +198,14 @@ class Session:
 
 
 def make_session(rng: random.Random, turns: int, n_facts: int) -> Session:
-    facts = rng.sample(_facts(rng), n_facts)
-    prompts = [rng.choice(_TASKS)]
+    facts = rng.sample(all_facts(rng), n_facts)
+    prompts = [rng.choice(TASKS)]
     stated: dict[int, Fact] = {}
     for n, fact in enumerate(facts, start=1):  # facts in turns 1..n (turn 0 is the task)
-        prompts.append(f"{fact.statement} {rng.choice(_FILLER).format(m=rng.choice(_MODULES))}")
+        prompts.append(f"{fact.statement} {rng.choice(FILLER).format(m=rng.choice(MODULES))}")
         stated[n] = fact
     while len(prompts) < turns - n_facts:
-        prompts.append(rng.choice(_FILLER).format(m=rng.choice(_MODULES)))
+        prompts.append(rng.choice(FILLER).format(m=rng.choice(MODULES)))
     asks: dict[int, Fact] = {}
     for fact in facts:
         asks[len(prompts)] = fact
@@ -212,7 +213,7 @@ def make_session(rng: random.Random, turns: int, n_facts: int) -> Session:
     return Session(str(uuid.UUID(int=rng.getrandbits(128))), prompts, asks, stated)
 
 
-_MODULES = ["workers/settle.py", "ledger/posting.py", "api/routes.py", "ledger/balance.py"]
+MODULES = ["workers/settle.py", "ledger/posting.py", "api/routes.py", "ledger/balance.py"]
 
 
 def _message(role: str, text: str) -> dict[str, Any]:
@@ -227,11 +228,11 @@ def _message(role: str, text: str) -> dict[str, Any]:
 def _finished_turn(rng: random.Random, prompt: str, n: int) -> list[dict[str, Any]]:
     """A user prompt, one command and its output, the answer: as Codex resends a turn."""
     call_id = f"call_{n}_{rng.getrandbits(48):012x}"
-    output = "\n".join(f"{rng.choice(_MODULES)}:{rng.randint(1, 300)}: ok" for _ in range(6))
+    output = "\n".join(f"{rng.choice(MODULES)}:{rng.randint(1, 300)}: ok" for _ in range(6))
     return [
         _message("user", prompt),
         {"type": "function_call", "name": "exec_command", "call_id": call_id,
-         "arguments": orjson.dumps({"cmd": f"rg -n retry {rng.choice(_MODULES)}"}).decode(),
+         "arguments": orjson.dumps({"cmd": f"rg -n retry {rng.choice(MODULES)}"}).decode(),
          "status": "completed"},
         {"type": "function_call_output", "call_id": call_id, "output": output},
         _message("assistant", f"Done: {prompt[:60]}"),
@@ -242,14 +243,14 @@ def session_requests(session: Session, seed: int) -> Iterator[tuple[int, dict[st
                                                                      dict[str, str]]]:
     """(turn, body, headers) of the first request of every turn of ``session``."""
     rng = random.Random(seed)
-    context = _session.context_items(rng)
+    context = bench_session.context_items(rng)
     done: list[dict[str, Any]] = []
     for turn, prompt in enumerate(session.prompts):
         turn_id = f"{session.session_id[:8]}-turn-{turn}"
         meta = orjson.dumps({"session_id": session.session_id, "turn_id": turn_id,
                              "request_kind": "turn"}).decode()
         body = {
-            "model": "gpt-5.5", "stream": True, "store": False, "tools": _session.tools(),
+            "model": "gpt-5.5", "stream": True, "store": False, "tools": bench_session.tools(),
             "input": [*context, *done, _message("user", prompt)],
             "tool_choice": "auto", "parallel_tool_calls": True,
             "include": ["reasoning.encrypted_content"], "prompt_cache_key": session.session_id,
@@ -268,12 +269,6 @@ def session_requests(session: Session, seed: int) -> Iterator[tuple[int, dict[st
 # --- stores --------------------------------------------------------------------------------------
 
 
-def _with_search_path(url: str, schema: str) -> str:
-    parts = urlsplit(url)
-    query = [*parse_qsl(parts.query), ("options", f"-csearch_path={schema}")]
-    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
-
-
 @asynccontextmanager
 async def backend(name: str, pg_url: str | None, data_dir: Path) -> AsyncIterator[dict[str, Any]]:
     """Settings values that select a fresh, empty store of kind ``name``."""
@@ -289,7 +284,7 @@ async def backend(name: str, pg_url: str | None, data_dir: Path) -> AsyncIterato
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         await conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield {**values, "store_url": _with_search_path(pg_url, schema)}
+        yield {**values, "store_url": with_search_path(pg_url, schema)}
     finally:
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
@@ -321,7 +316,7 @@ async def analyze(values: dict[str, Any]) -> None:
 def questions(n: int) -> list[str]:
     """What recall searches with: the facts' questions, whatever their values."""
     rng = random.Random(1)
-    return [f.question for _ in range(n // 8 + 1) for f in _facts(rng)][:n]
+    return [f.question for _ in range(n // 8 + 1) for f in all_facts(rng)][:n]
 
 
 def prompts(text: Text, n: int) -> list[str]:
@@ -346,13 +341,13 @@ async def store_latency(store: Store, asked: Sequence[str], long: Sequence[str],
         prompt_ms.append((t2 - t1) * 1000)
         list_ms.append((t3 - t2) * 1000)
     return {
-        "question_p50": _pct(question_ms, 50), "question_p95": _pct(question_ms, 95),
-        "prompt_p50": _pct(prompt_ms, 50), "prompt_p95": _pct(prompt_ms, 95),
-        "list_p50": _pct(list_ms, 50), "list_p95": _pct(list_ms, 95),
+        "question_p50": percentile(question_ms, 50), "question_p95": percentile(question_ms, 95),
+        "prompt_p50": percentile(prompt_ms, 50), "prompt_p95": percentile(prompt_ms, 95),
+        "list_p50": percentile(list_ms, 50), "list_p95": percentile(list_ms, 95),
     }
 
 
-def _pct(values: Sequence[float], p: int) -> float:
+def percentile(values: Sequence[float], p: int) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -429,24 +424,15 @@ class E2E:
     skipped: str = ""
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_facts: int,
                      seed: int) -> E2E:
     """Run synthetic sessions through the full proxy; score every ask."""
     result = E2E()
     recorder = Recorder()
-    upstream, upstream_url = await _serve(recorder.app())
+    upstream, upstream_url = await serve_plain(recorder.app())
     settings = load_settings(env={}, **{**values, "upstream_url": upstream_url + "/v1"})
     app = build_app(settings)
-    proxy, proxy_url = await _serve(app)
+    proxy, proxy_url = await serve_plain(app)
     started = time.time()
     try:
         steps = app[PIPELINE].steps
@@ -471,7 +457,7 @@ async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_fact
                     fact = session.asks.get(turn)
                     if fact is not None:
                         added = timed.added[-1] if timed else ""
-                        _score(result, fact, recorder.bodies[-1], added)
+                        score_ask(result, fact, recorder.bodies[-1], added)
         result.step_ms = timed.ms if timed else []
     finally:
         await proxy.cleanup()  # drains the memory writes
@@ -480,7 +466,7 @@ async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_fact
     return result
 
 
-def _score(result: E2E, fact: Fact, forwarded: bytes, added: str) -> None:
+def score_ask(result: E2E, fact: Fact, forwarded: bytes, added: str) -> None:
     body = orjson.loads(forwarded)
     items = body.get("input") or []
     said = [_item_text(i) for i in items if isinstance(i, dict) and i.get("role") == "user"]
@@ -582,7 +568,7 @@ def report(rows: Sequence[Row], args: argparse.Namespace) -> str:
             scored = e.asks - e.still_in_window
             recall = f"{e.recalled / scored:.0%} ({e.recalled}/{scored})" if scored else "n/a"
             tokens_cell = f"{statistics.mean(e.memory_tokens):.0f}" if e.memory_tokens else "0"
-            step = f"{_pct(e.step_ms, 50):.1f} / {_pct(e.step_ms, 95):.1f}"
+            step = f"{percentile(e.step_ms, 50):.1f} / {percentile(e.step_ms, 95):.1f}"
         if r.size == 0:
             lines.append(f"| {r.store} | - | - | - | - | - | - | {recall} | 0 | - |")
             continue

@@ -50,7 +50,8 @@ import numpy as np
 import orjson
 
 from bench import recall as lexical
-from bench._results import RESULTS, write_block
+from bench.harness.results import RESULTS, write_block
+from bench.harness.serving import serve_plain
 from bench.paraphrases import PARAPHRASES, SETS, Paraphrase, shared_words
 from ctxproxy.config import load_settings
 from ctxproxy.memory.embed import HttpEmbedder
@@ -84,7 +85,7 @@ def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
     rng = random.Random(seed)
     cases = list(cases)
     rng.shuffle(cases)
-    lexical_facts = lexical._facts(rng)
+    lexical_facts = lexical.all_facts(rng)
     count = len(cases) // FACTS
     out = []
     previous: list[lexical.Fact] = []
@@ -92,12 +93,12 @@ def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
         own = [lexical.Fact(c.statement, c.question, c.marker)
                for c in cases[n * FACTS:(n + 1) * FACTS]]
         easy = lexical_facts[n % len(lexical_facts)]
-        prompts = [rng.choice(lexical._TASKS)]
+        prompts = [rng.choice(lexical.TASKS)]
         for fact in [*own, easy]:
             prompts.append(f"{fact.statement} "
-                           f"{rng.choice(lexical._FILLER).format(m=rng.choice(lexical._MODULES))}")
+                           f"{rng.choice(lexical.FILLER).format(m=rng.choice(lexical.MODULES))}")
         while len(prompts) < 12:
-            prompts.append(rng.choice(lexical._FILLER).format(m=rng.choice(lexical._MODULES)))
+            prompts.append(rng.choice(lexical.FILLER).format(m=rng.choice(lexical.MODULES)))
         asked = [*own[:2], *(previous[2:] if previous else own[2:])]
         asks: dict[int, Ask] = {}
         for fact in asked:
@@ -176,10 +177,10 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
     """The sessions through the proxy with these settings; every ask scored."""
     result = Result()
     recorder = lexical.Recorder()
-    upstream, upstream_url = await lexical._serve(recorder.app())
+    upstream, upstream_url = await serve_plain(recorder.app())
     settings = load_settings(env={}, **{**values, "upstream_url": upstream_url + "/v1"})
     app = build_app(settings)
-    proxy, proxy_url = await lexical._serve(app)
+    proxy, proxy_url = await serve_plain(app)
     try:
         steps = app[PIPELINE].steps
         at = next(i for i, s in enumerate(steps) if "memory" in s.name)
@@ -204,7 +205,7 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
                             result.seen.append(("absent", "", seen))
                     elif ask is not None:
                         scored = lexical.E2E()
-                        lexical._score(scored, ask.fact, recorder.bodies[-1], timed.added[-1])
+                        lexical.score_ask(scored, ask.fact, recorder.bodies[-1], timed.added[-1])
                         result.in_window += scored.still_in_window
                         if not scored.still_in_window:
                             result.asks[ask.kind] += 1
@@ -302,7 +303,7 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
                 both_ms.append((t3 - t2) * 1000)
         finally:
             await store.close()
-    pct = lexical._pct
+    pct = lexical.percentile
     return {"vectors": vectors, "cold": cold,
             "vector_p50": pct(vector_ms, 50), "vector_p95": pct(vector_ms, 95),
             "text_p50": pct(text_ms, 50), "text_p95": pct(text_ms, 95),
@@ -485,7 +486,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, str, str], Result],
     ]
     for (name, store, mode), r in runs.items():
         tokens = f"{np.mean(r.tokens):.0f}" if r.tokens else "0"
-        step = f"{lexical._pct(r.step_ms, 50):.1f} / {lexical._pct(r.step_ms, 95):.1f}"
+        step = f"{lexical.percentile(r.step_ms, 50):.1f} / {lexical.percentile(r.step_ms, 95):.1f}"
         modes = ", ".join(f"{k} {v}" for k, v in sorted(r.modes.items()))
         lines.append(f"| {name} | {store} | {mode} | {_share(r, 'paraphrase')} "
                      f"| {_share(r, 'lexical')} | {r.noise}/{r.asks['absent']} | {tokens} "

@@ -6,7 +6,7 @@
 
 ``--store`` is a SQLite memory store (one a ``bench.load`` run filled, say); it is copied
 first, never changed. Sessions of the store take turns, round robin as concurrent sessions
-do, each turn asking one of ``bench._session``'s prompts: what the store holds for it is
+do, each turn asking one of ``bench.harness.session``'s prompts: what the store holds for it is
 read first (``Recaller.gather``, not timed), then the pick (``Recaller.pick``, in the
 calling thread) and the blocks' rendering (``memory.step._texts``) are timed, with the
 lines the session's last four recalls showed still in view, as ``memory.step`` does.
@@ -40,8 +40,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import _session
-from bench._results import write_block
+try:
+    from bench.harness.session import PROMPTS
+except ImportError:  # a child of --before on a tree older than bench/harness/
+    from bench._session import _PROMPTS as PROMPTS  # type: ignore[import-not-found,no-redef]
+from bench.harness.results import write_block
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Recall's pick"
@@ -83,7 +86,7 @@ async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dic
     for n in range(picks):
         scope, session = chosen[n % len(chosen)]
         step = n // len(chosen) + 1
-        query = f"{rng.choice(_session._PROMPTS)} (step {step})"
+        query = f"{rng.choice(PROMPTS)} (step {step})"
         if unique:  # no two sessions ask alike, as bench.load's do (a turn, a prompt)
             query = query[:-1] + f", session {n % len(chosen)})"
         found = await recaller.gather(scope, session, query, now)
@@ -116,7 +119,7 @@ async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dic
 
 
 def _child(tree: Path, store: Path, picks: int, seed: int, unique: bool) -> dict[str, Any]:
-    # The tree's packages first on sys.path (its bench/ too: _session's prompts); this file
+    # The tree's packages first on sys.path (its bench/ too: the session's prompts); this file
     # loaded by its path, since an older tree has no copy of it.
     code = ("import asyncio, importlib.util, json, sys; sys.path.insert(0, sys.argv[1]); "
             "spec = importlib.util.spec_from_file_location('recall_pick', sys.argv[2]); "

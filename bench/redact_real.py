@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from unittest import mock
 
-from bench._results import write_block
+from bench.harness.results import write_block
 from bench.trajectories import load_tasks
 from ctxproxy.injectors import redact as redact_module
 

@@ -1,5 +1,5 @@
 """Real agent runs replayed as Codex sessions, direct and through ctxproxy, with Codex's own
-auto-compaction on the client side; priced by bench/pricing.py.
+auto-compaction on the client side; priced by bench/harness/pricing.py.
 
     python -m bench.trajectories                       # 20 runs of each repository
     python -m bench.trajectories --repos django --all  # every django run
@@ -12,7 +12,7 @@ where the run kept one), an ``exec_command`` call and its output in Codex's exec
 closing answer. A session is one task, or N tasks in a row (one user turn each); later tasks
 of a multi-task session also ask for a fact an earlier task's output showed (the blob hashes
 of the patch it submitted). Direct and through the proxy, the client compacts as Codex does
-(bench/_codex.py) when the input tokens the server reported pass 220k.
+(bench/harness/codex.py) when the input tokens the server reported pass 220k.
 """
 
 from __future__ import annotations
@@ -39,25 +39,31 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench._checkout import revision
-from bench._codex import AutoCompact, compaction_input, read_answer, user_message
-from bench._results import write_block
-from bench.economics import (
-    SIMULATED_TIME,
-    TOKENIZER,
+from bench.harness.codex import (
+    AutoCompact,
     Shapes,
+    chat_memory_call,
+    compaction_input,
+    load_shapes,
+    read_answer,
+    run_curl,
+    search_command,
+    user_message,
+)
+from bench.harness.machine import load_average, revision
+from bench.harness.pricing import (
+    TOKENIZER,
+    Bill,
+    PricingUpstream,
+    Rules,
     SimClock,
     add_cache_rules_argument,
     cache_rules_note,
-    chat_memory_call,
-    free_port,
-    load_shapes,
-    run_curl,
-    search_command,
-    serving,
-    strategy_settings,
+    message,
 )
-from bench.pricing import Bill, PricingUpstream, Rules, message
+from bench.harness.proxy_settings import SIMULATED_TIME, strategy_settings
+from bench.harness.results import write_block
+from bench.harness.serving import free_port, serving
 from ctxproxy.config import load_settings
 from ctxproxy.proxy.assemble import build_app
 
@@ -618,7 +624,7 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         counts[repo_of(t.name)] = counts.get(repo_of(t.name), 0) + 1
     repos = ", ".join(f"{n} of {repo}" for repo, n in counts.items())
     strategies = "; ".join(dict.fromkeys(f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = load_average()
     return "\n".join([
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at `{revision()}` with `{command}` on "
         f"{os.cpu_count()} "
@@ -636,9 +642,9 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         + "Each model call is one "
         "request: reasoning item (encrypted content), `exec_command` call, its output in "
         "Codex's format; the task's end is one more request with a closing answer. Prices: "
-        "`bench/pricing.py` (input tokens only, cached at 10%, cache TTL "
+        "`bench/harness/pricing.py` (input tokens only, cached at 10%, cache TTL "
         f"{args.ttl:.0f} s of simulated time). Client auto-compaction as Codex does it "
-        f"(bench/_codex.py): when the reported input passes {args.limit:,} tokens, one "
+        f"(bench/harness/codex.py): when the reported input passes {args.limit:,} tokens, one "
         "compaction request (history + compaction prompt, no tools, so no cached prefix; the "
         "proxy forwards it whole), then the context, the prompts (at most 20k tokens) and the "
         "summary (the fake summariser lists the tasks and the newest 80 names the commands "

@@ -11,17 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.economics import (
-    FIXTURES,
-    SHAPE,
-    STRATEGIES,
-    Shapes,
-    Strategy,
-    build_session,
-    load_shapes,
-    run_one,
-)
-from bench.pricing import (
+from bench.economics import STRATEGIES, Strategy, build_session, run_one
+from bench.harness.codex import FIXTURES, SHAPE, Shapes, load_shapes
+from bench.harness.pricing import (
     BLOCK_TOKENS,
     BREAKPOINT_MODEL,
     MIN_CACHED_TOKENS,

@@ -10,8 +10,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import _session, load
-from bench._upstream import ANSWER_HEADER, create_app
+from bench import load
+from bench.harness import session as bench_session
+from bench.harness.upstream import ANSWER_HEADER, create_app
 from bench.load import Script, Thread, answer_events_of, answer_stream
 from bench.trajectories import Step, Task
 
@@ -24,8 +25,8 @@ def _completed_output(stream: bytes) -> list[dict[str, object]]:
 
 
 def _thread(answers: str, script: Script | None = None) -> Thread:
-    return Thread(script or Script.make(5, 8), 0, _session.context_items(random.Random(3)),
-                  _session.tools(), 0.0, rng=random.Random(1), answers=answers)
+    return Thread(script or Script.make(5, 8), 0, bench_session.context_items(random.Random(3)),
+                  bench_session.tools(), 0.0, rng=random.Random(1), answers=answers)
 
 
 def _resends_each_answer(requests: list[tuple[bytes, dict[str, str]]]) -> int:

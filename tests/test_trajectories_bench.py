@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from bench import trajectories as bench
-from bench._codex import SUMMARY_PREFIX, AutoCompact, is_prompt, message_text, user_message
-from bench.economics import load_shapes
+from bench.harness.codex import (
+    SUMMARY_PREFIX,
+    AutoCompact,
+    is_prompt,
+    load_shapes,
+    message_text,
+    user_message,
+)
 from bench.trajectories import Task
 
 pytestmark = pytest.mark.skipif(

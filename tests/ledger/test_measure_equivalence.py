@@ -15,7 +15,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench import _session
+from bench.harness import ledger_reference as reference
+from bench.harness import session as bench_session
+from bench.harness.serving import Running
 from bench.load import Script, Thread
 from ctxproxy.injectors import tokens
 from ctxproxy.ledger import counterfactual
@@ -27,8 +29,6 @@ from ctxproxy.proxy.app import Access, Sent
 from ctxproxy.proxy.ledger_wiring import LEDGER
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
-from tests.fakes.server import Running
-from tests.ledger import reference
 
 Body = dict[str, Any]
 
@@ -238,7 +238,7 @@ async def test_rows_of_the_running_proxy_have_the_old_numbers(
                               mask_tool_outputs=True)
     spy = Spy(proxy, monkeypatch)
     rng = random.Random(7)
-    context, tool_specs = _session.context_items(rng), _session.tools()
+    context, tool_specs = bench_session.context_items(rng), bench_session.tools()
     for seed in (1, 2, 3):
         thread = Thread(Script.make(seed, 6), seed, context, tool_specs, 0.0)
         for body, headers in thread.requests():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 
 
 def write_block(section: str, begin: str, end: str, text: str) -> None:

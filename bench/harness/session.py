@@ -51,7 +51,7 @@ _SYSTEM_SECTIONS = [
     "change your mind. When the user is wrong about something in the code, show the line.",
 ]
 
-_WORDS = (
+WORDS = (
     "ledger entry account balance posting journal currency amount rounding cursor batch "
     "invoice refund settle reconcile ledger_id tenant offset snapshot migration schema index "
     "retry backoff timeout queue worker handler request response status payload config "
@@ -60,7 +60,7 @@ _WORDS = (
 _MODULES = ["ledger/posting.py", "ledger/balance.py", "api/routes.py", "api/schemas.py",
             "workers/settle.py", "db/migrations/0042_cursor.sql", "tests/test_posting.py",
             "tests/test_settle.py", "cli/main.py", "ledger/currency.py"]
-_PROMPTS = [
+PROMPTS = [
     "The settle worker double-posts refunds when a retry lands after a timeout. Find out why.",
     "Run the ledger tests and fix whatever fails, but don't touch the migrations.",
     "Add a `--since` option to `ledger export` that takes an ISO date.",
@@ -75,11 +75,11 @@ _PROMPTS = [
 
 
 def _ident(rng: random.Random) -> str:
-    return "_".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 3)))
+    return "_".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
 
 
-def _sentence(rng: random.Random, words: int) -> str:
-    text = " ".join(rng.choice(_WORDS) for _ in range(words))
+def sentence(rng: random.Random, words: int) -> str:
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
     return text[0].upper() + text[1:] + "."
 
 
@@ -90,7 +90,7 @@ def _code(rng: random.Random, lines: int) -> str:
         if kind < 0.15:
             out.append(f"def {_ident(rng)}(self, {_ident(rng)}: int, *, {_ident(rng)}=None):")
         elif kind < 0.3:
-            out.append(f'    """{_sentence(rng, rng.randint(4, 10))}"""')
+            out.append(f'    """{sentence(rng, rng.randint(4, 10))}"""')
         elif kind < 0.45:
             out.append(f"    if {_ident(rng)} is None or {_ident(rng)} < {n}:")
         elif kind < 0.6:
@@ -140,7 +140,7 @@ def _reasoning(rng: random.Random) -> Item:
     rid = _hex(rng, 16)
     return {"type": "reasoning", "id": f"rs_{rid}",
             "summary": [{"type": "summary_text",
-                         "text": f"**Checking {_ident(rng)}**\n\n{_sentence(rng, 14)}"}],
+                         "text": f"**Checking {_ident(rng)}**\n\n{sentence(rng, 14)}"}],
             "content": None, "encrypted_content": "gAAAAAB" + blob}
 
 
@@ -179,21 +179,21 @@ def _patch_call(rng: random.Random) -> tuple[Item, Item]:
     return call, result
 
 
-def _turn(rng: random.Random, n: int) -> list[Item]:
-    prompt = f"{rng.choice(_PROMPTS)} (step {n})"
+def turn(rng: random.Random, n: int) -> list[Item]:
+    prompt = f"{rng.choice(PROMPTS)} (step {n})"
     items = [_message(rng, "user", prompt)]
     if rng.random() < 0.3:  # a plain question: think, answer
         items += [_reasoning(rng), _message(rng, "assistant", " ".join(
-            _sentence(rng, rng.randint(8, 16)) for _ in range(8)))]
+            sentence(rng, rng.randint(8, 16)) for _ in range(8)))]
         return items
     for _ in range(rng.randint(1, 2)):  # tool rounds: think, preamble, calls, outputs
         items.append(_reasoning(rng))
-        items.append(_message(rng, "assistant", _sentence(rng, 10)))
+        items.append(_message(rng, "assistant", sentence(rng, 10)))
         calls = [_exec_call(rng) if rng.random() < 0.7 else _patch_call(rng)
                  for _ in range(rng.randint(1, 2))]
         items += [call for call, _ in calls] + [result for _, result in calls]
     items.append(_message(rng, "assistant", " ".join(
-        _sentence(rng, rng.randint(8, 16)) for _ in range(5))))
+        sentence(rng, rng.randint(8, 16)) for _ in range(5))))
     return items
 
 
@@ -204,7 +204,7 @@ def context_items(rng: random.Random) -> list[Item]:
         for i in range(6) for j, section in enumerate(_SYSTEM_SECTIONS)
     )
     skills = "<skills_instructions>\n## Skills\n" + "\n".join(
-        f"- {_ident(rng)}: {_sentence(rng, 24)} (file: r0/{_ident(rng)}/SKILL.md)"
+        f"- {_ident(rng)}: {sentence(rng, 24)} (file: r0/{_ident(rng)}/SKILL.md)"
         for _ in range(14)
     ) + "\n</skills_instructions>"
     agents = (f"# AGENTS.md instructions for {CWD}\n\n<INSTRUCTIONS>\n# Ledger service\n\n"
@@ -273,8 +273,8 @@ def history(turns: int = 30, seed: int = 7) -> list[Item]:
     rng = random.Random(seed)
     items = context_items(rng)
     for n in range(1, turns):
-        items += _turn(rng, n)
-    items.append(_message(rng, "user", f"{rng.choice(_PROMPTS)} (step {turns})"))
+        items += turn(rng, n)
+    items.append(_message(rng, "user", f"{rng.choice(PROMPTS)} (step {turns})"))
     return items
 
 

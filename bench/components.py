@@ -1,28 +1,29 @@
 """What each piece of the proxy's own hot path costs per request, measured in process.
 
-    python -m bench._components
+    python -m bench components
 
-Each row times the real function on the benchmark request (bench/_session.py) and answer
-(bench/_upstream.py) and keeps the best of several repeats: the cost without the noise of a
+Each row times the real function on the benchmark request (bench/harness/session.py) and answer
+(bench/harness/upstream.py) and keeps the best of several repeats: the cost without the noise of a
 shared machine. The end-to-end figures (bench/overhead.py) include everything else: aiohttp's
 server and client, the event loop, the kernel's loopback.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
 import os
 import time
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from bench import _session
-from bench._upstream import answer_events
+from bench.harness import session as bench_session
+from bench.harness.upstream import answer_events
 from ctxproxy.config import load_settings
 from ctxproxy.config.logs import JsonFormatter, fields
 from ctxproxy.proxy.headers import request_headers, response_headers
@@ -53,8 +54,8 @@ def free_us(raw: bytes, count: int = 200) -> float:
 def measure() -> list[tuple[str, float]]:
     settings = load_settings(env={})
     keep = settings.keep_turns
-    raw = _session.encode(_session.request(TURNS))
-    headers = CIMultiDictProxy(CIMultiDict(_session.headers(TURNS)))
+    raw = bench_session.encode(bench_session.request(TURNS))
+    headers = CIMultiDictProxy(CIMultiDict(bench_session.headers(TURNS)))
     body = orjson.loads(raw)
     cut = window(body["input"], keep)
     windowed = {**body, "input": cut.items}
@@ -75,8 +76,9 @@ def measure() -> list[tuple[str, float]]:
         handler.setFormatter(JsonFormatter())
         access.addHandler(handler)
         line: dict[str, Any] = {
-            "request_id": _session.SESSION_ID, "method": "POST", "path": "/v1/responses",
-            "status": 200, "total_ms": 3.1, "route": "responses", "session_id": _session.SESSION_ID,
+            "request_id": bench_session.SESSION_ID, "method": "POST", "path": "/v1/responses",
+            "status": 200, "total_ms": 3.1, "route": "responses",
+            "session_id": bench_session.SESSION_ID,
             "turns_in": 30, "turns_forwarded": 5, "items_cut": len(cut.cut), "bytes_in": len(raw),
             "bytes_forwarded": 37070, "forwarded_ratio": 0.25, "ttfb_ms": 1.2,
             "input_tokens": 36211, "cached_tokens": 30720, "output_tokens": 412}
@@ -125,5 +127,11 @@ def table(*runs: list[tuple[str, float]]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

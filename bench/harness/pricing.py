@@ -21,6 +21,7 @@ caching does, and reports that bill honestly in ``usage``.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import operator as op
 import time
@@ -348,3 +349,37 @@ def answer_events(output: list[Item], bill: Bill,
 def sse(event: dict[str, Any]) -> bytes:
     name = str(event["type"]).encode()
     return b"event: " + name + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+TOKENIZER = PromptTokenizer()  # shared: its memo saves re-tokenising the same items per run
+
+
+@dataclass
+class SimClock:
+    """Simulated wall time: the bench runs in seconds what a user spends hours on."""
+
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def add_cache_rules_argument(parser: argparse.ArgumentParser) -> None:
+    """``--cache-rules``, the same for every bench that prices with bench/harness/pricing.py."""
+    parser.add_argument("--cache-rules", choices=RULES, default="prefix",
+                        help="how the fake provider caches: prefix (before gpt-5.6: the longest "
+                        "shared prefix, in 128-token blocks) or breakpoint (gpt-5.6 and later: "
+                        f"prefixes stored at breakpoints, written at {WRITE_PRICE}x; the "
+                        f"requests name {BREAKPOINT_MODEL})")
+
+
+def cache_rules_note(rules: Rules) -> str:
+    """One sentence for a report: the cache rules its bills were priced by."""
+    if rules == "prefix":
+        return ("Cache rules: prefix (the longest prefix shared with an earlier request, from "
+                "1024 tokens in 128-token blocks).")
+    return (f"Cache rules: breakpoint (the requests name `{BREAKPOINT_MODEL}`; prefixes are "
+            "stored at the end of the prompt and at explicitly marked items, read only when "
+            "exactly repeated; tokens written to the cache cost "
+            f"{WRITE_PRICE}x and are part of every cost column; *written*: their share of the "
+            "input).")

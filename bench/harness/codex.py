@@ -15,11 +15,17 @@ measures.
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
+
+from bench.harness.pricing import BREAKPOINT_MODEL, Rules
 
 Item = dict[str, Any]
 
@@ -137,3 +143,92 @@ class AutoCompact:
 
 def compaction_input(history: list[Item]) -> list[Item]:
     return [*history, user_message(COMPACTION_PROMPT, f"msg_compact_{len(history)}")]
+
+
+# --- the real shapes -------------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "codex"
+SHAPE = "03_resume_7turns/0001_POST_v1_responses.json"
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What every request of a Codex session carries besides its history."""
+
+    context: list[Item]  # system prompt, developer and context messages
+    body: dict[str, Any]  # model, tools, reasoning, include, ... (key order as Codex sends)
+    headers: dict[str, str]
+    meta: dict[str, Any]  # x-codex-turn-metadata
+
+    def request(
+        self, history: list[Item], thread: str, turn_id: str, kind: str = "turn"
+    ) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of one request; ``kind="compaction"`` as Codex sends its local
+        compaction (no tools, ``request_kind`` and ``compaction`` in the turn metadata)."""
+        meta = {**self.meta, "session_id": thread, "thread_id": thread, "turn_id": turn_id,
+                "root_turn_id": turn_id, "window_id": f"{thread}:0", "request_kind": kind}
+        if kind == "compaction":
+            meta["compaction"] = {"trigger": "auto", "reason": "context_limit",
+                                  "implementation": "responses", "strategy": "memento"}
+        meta_json = orjson.dumps(meta).decode()
+        body = {**self.body, "input": history, "prompt_cache_key": thread,
+                "client_metadata": {"thread_id": thread, "turn_id": turn_id,
+                                    "x-codex-turn-metadata": meta_json}}
+        if kind == "compaction":
+            body["tools"] = []
+        headers = {**self.headers, "x-codex-turn-metadata": meta_json, "session-id": thread,
+                   "thread-id": thread, "x-client-request-id": thread,
+                   "x-codex-window-id": f"{thread}:0"}
+        return orjson.dumps(body), headers
+
+
+def load_shapes(path: Path = FIXTURES / SHAPE, rules: Rules = "prefix") -> Shapes:
+    """The shapes of a recorded request; under breakpoint rules its requests name a model the
+    provider prices by them (as a proxy that marks breakpoints for such models sees it)."""
+    data = orjson.loads(path.read_bytes())
+    body, headers = data["body"], data["headers"]
+    items = body["input"]
+    context = items[: prompt_starts(items)[0]]
+    keep = ("x-codex-beta-features", "originator", "User-Agent", "Accept", "Content-Type")
+    body = {k: v for k, v in body.items() if k not in ("client_metadata",)}
+    if rules == "breakpoint":
+        body["model"] = BREAKPOINT_MODEL
+    return Shapes(
+        context=context,
+        body=body,
+        headers={**{k: headers[k] for k in keep}, "Authorization": "Bearer sk-bench"},
+        meta=orjson.loads(headers["x-codex-turn-metadata"]),
+    )
+
+
+# --- the chat-memory tool, as the model calls it ---------------------------------------------
+
+_CALL_TOOL = re.compile(
+    r"<knowledge [^>]*type=\"chat-memory\"[^>]*>.*?<call_tool>(.*?)</call_tool>", re.S)
+
+
+def chat_memory_call(instructions: str) -> str | None:
+    """The chat-memory asset's call_tool line in the block, unescaped, if it is there."""
+    found = _CALL_TOOL.search(instructions)
+    if found is None:
+        return None
+    return found[1].replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">") \
+        .replace("&amp;", "&")
+
+
+def search_command(line: str, query: str) -> str:
+    """The block's call_tool line as a search of the chat memory for ``query``."""
+    argv = shlex.split(line)
+    argv[-1] = orjson.dumps({**orjson.loads(argv[-1]), "tool_name": "search",
+                             "params": {"query": query}}).decode()
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+async def run_curl(http: aiohttp.ClientSession, cmd: str) -> str:
+    """What the model's shell would print for a block's curl line (POST, -H, -d)."""
+    argv = shlex.split(cmd)
+    url = next(a for a in argv if a.startswith("http"))
+    headers = dict(argv[i + 1].split(": ", 1) for i, a in enumerate(argv) if a == "-H")
+    data = argv[argv.index("-d") + 1]
+    async with http.post(url, data=data, headers=headers) as resp:
+        return await resp.text()

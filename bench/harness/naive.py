@@ -1,6 +1,6 @@
 """The floor for comparison: the least an aiohttp proxy can do, run as its own process.
 
-    python -m bench._naive --port 18091 --upstream http://127.0.0.1:18090/v1 [--client httpx]
+    python -m bench.harness.naive --port 18091 --upstream http://127.0.0.1:18090/v1 [--client httpx]
 
 It reads the body, forwards it with one pooled client, and copies the answer back chunk by
 chunk: no parsing, no window, no header filtering, no logs, no metrics. What ctxproxy costs

@@ -1,6 +1,6 @@
 """A bare aiohttp Responses upstream for benchmarks, run as its own process.
 
-    python -m bench._upstream --port 18090
+    python -m bench.harness.upstream --port 18090
 
 ``POST /v1/responses`` (or ``/responses``) reads the whole body and streams a fixed, realistic
 SSE answer (reasoning item, a message in word-sized deltas, ``response.completed`` with usage),
