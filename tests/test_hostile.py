@@ -6,17 +6,16 @@ figure (bench/), not asserted here."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from bench.harness.hostile import CASES, Item
 from tests.conftest import ProxyFactory
 from tests.fakes import codex
 from tests.fakes.server import Running, raw_request
@@ -24,78 +23,6 @@ from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import fresh_schema, require_pg_url
 from tests.memory.session import runtime, settle
 
-Item = dict[str, Any]
-MB = 1024 * 1024
-
-
-def with_output(output: str) -> list[Item]:
-    return [*codex.context_items(), *codex.tool_turn("run it", output=output),
-            *codex.tool_turn("and again", output=output), codex.text("user", "what now?")]
-
-
-def long_word() -> bytes:
-    return json.dumps(codex.request(
-        [*codex.context_items(), codex.text("user", "q" * MB)])).encode()
-
-
-def base64_output() -> bytes:
-    blob = base64.b64encode(os.urandom(3 * MB // 4)).decode()
-    return json.dumps(codex.request(with_output(blob))).encode()
-
-
-def use_x_not_y(turns: int = 2000) -> bytes:
-    items = codex.context_items()
-    for n in range(turns):
-        items += codex.text_turn(f"Use lib{n} not lib{n + 1}. Always run check{n}. "
-                                 f"Our db{n} is postgres{n}.")
-    return json.dumps(codex.request([*items, codex.text("user", "go")])).encode()
-
-
-def many_items(count: int = 50_000) -> bytes:
-    items = [*codex.context_items(), codex.text("user", "start")]
-    items += [{"type": "reasoning", "summary": [], "encrypted_content": f"e{n}"}
-              for n in range(count)]
-    return json.dumps(codex.request([*items, codex.text("user", "end")])).encode()
-
-
-def huge_numbers() -> bytes:
-    body = json.dumps(codex.request(codex.session(8), max_output_tokens="@@"))
-    return body.replace('"@@"', str(2**80)).encode()
-
-
-def deep_nesting() -> bytes:
-    body = json.dumps(codex.request(codex.session(8), metadata="@@"))
-    return body.replace('"@@"', "[" * 5000 + "]" * 5000).encode()
-
-
-def invalid_utf8() -> bytes:
-    return json.dumps(codex.request(codex.session(6))).encode().replace(b"step 3", b"step \xff\xfe")
-
-
-def surrogates() -> bytes:
-    lone = "\\ud800 \\udfff"
-    items = with_output("@@out")
-    items[-1] = codex.text("user", "@@user")
-    call = next(i for i in items if i.get("type") == "function_call")
-    call["arguments"] = "@@args"
-    reasoning = next(i for i in items if i.get("type") == "reasoning")
-    reasoning["summary"] = [{"type": "summary_text", "text": "@@summary"}]
-    body = json.dumps(codex.request(items))
-    for mark in ("@@out", "@@user", "@@args", "@@summary"):
-        body = body.replace(mark, f"{mark[2:]} {lone}")
-    return body.encode()
-
-
-CASES: dict[str, Callable[[], bytes]] = {
-    "a 1 MB single word": long_word,
-    "a 1 MB base64 tool output": base64_output,
-    "2,000 turns of 'use X not Y'": use_x_not_y,
-    "50k input items": many_items,
-    "integers beyond 64 bits": huge_numbers,
-    "5,000 levels of nesting": deep_nesting,
-    "invalid UTF-8": invalid_utf8,
-    "lone surrogates in every text field": surrogates,
-}
 # The turns of each body that is a conversation the proxy reads (lone surrogates are not JSON to
 # it: forwarded untouched): once answered, every one is in memory.
 TURNS = {"a 1 MB single word": 1, "a 1 MB base64 tool output": 3,

@@ -88,7 +88,7 @@ CASES: dict[str, Callable[[], bytes]] = {
 }
 
 
-def _repeat(unit: str, size: int) -> str:
+def repeat(unit: str, size: int) -> str:
     return (unit * (size // len(unit) + 1))[:size]
 
 
@@ -104,24 +104,24 @@ _RANDOM = random.Random(1)
 SHAPES: dict[str, Callable[[int], str]] = {
     "one long word": lambda n: "a" * n,
     "base64": lambda n: base64.b64encode(_RANDOM.randbytes(n)).decode()[:n],
-    "a=a=a=": lambda n: _repeat("a=", n),
+    "a=a=a=": lambda n: repeat("a=", n),
     "dashes": lambda n: "-" * n,
     "dots": lambda n: "." * n,
     "digits": lambda n: "7" * n,
     "spaces": lambda n: " " * n,
-    "a.a.a.": lambda n: _repeat("a.", n),
-    "name_pass.": lambda n: _repeat("a_pass.", n),
-    "secret names glued": lambda n: _repeat("passwordtoken_", n),
-    "unclosed quotes": lambda n: _repeat('token="a', n),
-    "jwt heads": lambda n: _repeat("eyJaaaaaaaa-", n),
-    "capability heads": lambda n: _repeat("cap1.aaaaaaaa", n),
-    "url schemes": lambda n: _repeat("a://a:a", n),
-    "key headers": lambda n: "-----BEGIN " + _repeat("PRIVATE KEY ", n),
-    "mysql args": lambda n: _repeat("mysql a ", n),
-    "user flags": lambda n: _repeat(" -u a", n),
-    "bearer": lambda n: _repeat("Bearer ", n),
-    "said": lambda n: _repeat("password is ", n),
-    "use use use": lambda n: _repeat("use a ", n),
-    "our our our": lambda n: _repeat("our a ", n),
-    "fences": lambda n: _repeat("```a", n),
+    "a.a.a.": lambda n: repeat("a.", n),
+    "name_pass.": lambda n: repeat("a_pass.", n),
+    "secret names glued": lambda n: repeat("passwordtoken_", n),
+    "unclosed quotes": lambda n: repeat('token="a', n),
+    "jwt heads": lambda n: repeat("eyJaaaaaaaa-", n),
+    "capability heads": lambda n: repeat("cap1.aaaaaaaa", n),
+    "url schemes": lambda n: repeat("a://a:a", n),
+    "key headers": lambda n: "-----BEGIN " + repeat("PRIVATE KEY ", n),
+    "mysql args": lambda n: repeat("mysql a ", n),
+    "user flags": lambda n: repeat(" -u a", n),
+    "bearer": lambda n: repeat("Bearer ", n),
+    "said": lambda n: repeat("password is ", n),
+    "use use use": lambda n: repeat("use a ", n),
+    "our our our": lambda n: repeat("our a ", n),
+    "fences": lambda n: repeat("```a", n),
 }

@@ -1,5 +1,5 @@
-"""Small Codex-shaped requests, the tests' own (a copy of ``tests/fakes/codex.py``, which bench/
-does not import): the hostile benches build their bodies from these."""
+"""Small Codex-shaped requests (the shapes of Codex CLI 0.169.0): the tests' requests
+(``tests/fakes/codex.py`` re-exports them) and the hostile benches' bodies."""
 
 from __future__ import annotations
 

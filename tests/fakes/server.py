@@ -1,46 +1,13 @@
-"""Run an aiohttp app on a loopback port, the way ``ctxproxy serve`` does."""
+"""Run an aiohttp app on a loopback port, the way ``ctxproxy serve`` does (the bench
+harness's ``serve``), and talk to it byte for byte."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-from dataclasses import dataclass
 
-from aiohttp import web
+from bench.harness.serving import Running, free_port, serve
 
-from ctxproxy.proxy.app import SETTINGS
-from ctxproxy.proxy.assemble import limits
-from ctxproxy.proxy.bodies import SERVER_OPTIONS
-from ctxproxy.proxy.server import Runner
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Running:
-    app: web.Application
-    runner: web.AppRunner
-    url: str
-
-    async def close(self) -> None:
-        await self.runner.cleanup()
-
-
-async def serve(app: web.Application, port: int | None = None) -> Running:
-    # SERVER_OPTIONS as ctxproxy serve uses them; the fake upstream so records bodies as sent.
-    # The proxy within its settings' limits, as served; the fakes without.
-    runner = Runner(app, limits=limits(app) if SETTINGS in app else None,
-                    handler_cancellation=True, access_log=None, shutdown_timeout=2,
-                    **SERVER_OPTIONS)
-    await runner.setup()
-    port = port or free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    return Running(app, runner, f"http://127.0.0.1:{port}")
+__all__ = ["Running", "free_port", "raw_request", "serve"]
 
 
 async def raw_request(

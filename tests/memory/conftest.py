@@ -7,30 +7,20 @@ Without it they skip locally and fail in CI, so a missing server is never silent
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-import psycopg
 import pytest
 
+from bench.harness.postgres import fresh_schema
 from ctxproxy.memory.model import Store
 from tests.fakes.server import free_port
 
 # Read at import: the autouse env cleaner removes CTXPROXY_* before any fixture runs.
 PG_URL = os.environ.get("CTXPROXY_TEST_PG_URL")
 IN_CI = bool(os.environ.get("CI"))
-
-
-def with_search_path(url: str, schema: str) -> str:
-    """``url`` with its connections confined to ``schema``."""
-    parts = urlsplit(url)
-    query = [*parse_qsl(parts.query), ("options", f"-csearch_path={schema}")]
-    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
 
 
 def require_pg_url() -> str:
@@ -40,42 +30,6 @@ def require_pg_url() -> str:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
-
-
-@contextmanager
-def fresh_schema(base: str, prefix: str = "t") -> Iterator[str]:
-    """``base`` with its connections confined to a new schema, dropped after."""
-    schema = f"{prefix}_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield with_search_path(base, schema)
-    finally:
-        drop_schema(base, schema)
-
-
-# Holders of the schema's locks. A proxy of a failed test may still be running (fixtures are
-# torn down in reverse order, this one before the proxy's) with a write in flight on the test's
-# event loop, which this blocking teardown stops: its lock would hold the DROP forever.
-LOCKERS = """
-SELECT DISTINCT l.pid FROM pg_locks l
-JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %s AND l.pid <> pg_backend_pid()
-"""
-
-
-def drop_schema(base: str, schema: str) -> None:
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '2s'")
-        for _ in range(5):
-            for (pid,) in conn.execute(LOCKERS, (schema,)).fetchall():
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            try:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-                return
-            except psycopg.errors.LockNotAvailable:
-                continue
-        raise AssertionError(f"schema {schema} is still locked")
 
 
 @pytest.fixture

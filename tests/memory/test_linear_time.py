@@ -9,9 +9,7 @@ of the thread that ran it, so neither do other processes on its cores.
 
 from __future__ import annotations
 
-import base64
 import gc
-import random
 import re
 import time
 from collections.abc import Callable
@@ -20,6 +18,7 @@ from typing import Any, TypeVar
 import pytest
 from cachetools import LRUCache
 
+from bench.harness.hostile import SHAPES, repeat
 from ctxproxy.injectors import memory_blocks, secret_rules
 from ctxproxy.injectors import redact as redact_module
 from ctxproxy.injectors.bounds import RECORD_CHARS, clip
@@ -38,45 +37,6 @@ T = TypeVar("T")
 
 SMALL, BIG = 100_000, 1_000_000
 GROWTH = 30  # for 10x the input; linear is ~10, quadratic ~100
-
-
-def _repeat(unit: str, size: int) -> str:
-    return (unit * (size // len(unit) + 1))[:size]
-
-
-# Random text is new at each call: RE2 builds its automaton's states as a text needs them
-# and keeps them, so a second run over the same random 100 KB finds them built (about five
-# times quicker) while a 1 MB run outgrows what it keeps. Timing each run on new text
-# compares like with like.
-_RANDOM = random.Random(1)
-
-
-# The shapes that made the old patterns quadratic, and the ones that would make each rule
-# here scan a long run from every position of it.
-SHAPES: dict[str, Callable[[int], str]] = {
-    "one long word": lambda n: "a" * n,
-    "base64": lambda n: base64.b64encode(_RANDOM.randbytes(n)).decode()[:n],
-    "a=a=a=": lambda n: _repeat("a=", n),
-    "dashes": lambda n: "-" * n,
-    "dots": lambda n: "." * n,
-    "digits": lambda n: "7" * n,
-    "spaces": lambda n: " " * n,
-    "a.a.a.": lambda n: _repeat("a.", n),
-    "name_pass.": lambda n: _repeat("a_pass.", n),
-    "secret names glued": lambda n: _repeat("passwordtoken_", n),
-    "unclosed quotes": lambda n: _repeat('token="a', n),
-    "jwt heads": lambda n: _repeat("eyJaaaaaaaa-", n),
-    "capability heads": lambda n: _repeat("cap1.aaaaaaaa", n),
-    "url schemes": lambda n: _repeat("a://a:a", n),
-    "key headers": lambda n: "-----BEGIN " + _repeat("PRIVATE KEY ", n),
-    "mysql args": lambda n: _repeat("mysql a ", n),
-    "user flags": lambda n: _repeat(" -u a", n),
-    "bearer": lambda n: _repeat("Bearer ", n),
-    "said": lambda n: _repeat("password is ", n),
-    "use use use": lambda n: _repeat("use a ", n),
-    "our our our": lambda n: _repeat("our a ", n),
-    "fences": lambda n: _repeat("```a", n),
-}
 
 
 def _seconds(run: Callable[[T], object], shape: Callable[[int], T], size: int,
@@ -197,13 +157,13 @@ def _unseen(shape: Callable[[int], str]) -> Callable[[int], str]:
 
 # Memories of the shapes that make snippets work per line, per occurrence or per character.
 MEMORIES: dict[str, Callable[[int], str]] = {
-    "short lines": lambda n: _repeat("  error 42\n", n),  # every line answers
-    "tool calls": lambda n: _repeat(
+    "short lines": lambda n: repeat("  error 42\n", n),  # every line answers
+    "tool calls": lambda n: repeat(
         "Tool call exec_command: grep error\nTool output exec_command: build log\n"
         "  error 42 in step\n", n),
-    "one huge line": lambda n: _repeat("error 42 ", n),
+    "one huge line": lambda n: repeat("error 42 ", n),
     "one long word": SHAPES["one long word"],  # 'aaa' found at every place, never a word
-    "long lines of long words": lambda n: _repeat(("error" * 20 + " ") * 100 + "42\n", n),
+    "long lines of long words": lambda n: repeat(("error" * 20 + " ") * 100 + "42\n", n),
     "distinct words": lambda n: "".join(f"  w{k} error\n" for k in range(n // 8))[:n],
     "empty lines": lambda n: "\n" * n,
 }
@@ -266,9 +226,9 @@ PROMPTS: dict[str, Callable[[int], str]] = {
     "one long word": SHAPES["one long word"],
     "spaces": SHAPES["spaces"],
     "dots": SHAPES["dots"],
-    "stopwords": lambda n: _repeat("the ", n),  # terms reads them all
-    "questions": lambda n: _repeat("why? ", n),
-    "lines": lambda n: _repeat("ok\n", n),
+    "stopwords": lambda n: repeat("the ", n),  # terms reads them all
+    "questions": lambda n: repeat("why? ", n),
+    "lines": lambda n: repeat("ok\n", n),
 }
 
 
@@ -286,8 +246,8 @@ def test_the_lines_of_a_snippet_are_linear(memory: str) -> None:
 # blocks of many memories.
 SCOPE = Scope("svc")
 MEMORY_TEXTS: dict[str, Callable[[int], str]] = {
-    "markup": lambda n: _repeat("</memory><a href='x'>&amp;</a>\n", n),
-    "not XML": lambda n: _repeat("\x00\x1b\ufffe a", n),
+    "markup": lambda n: repeat("</memory><a href='x'>&amp;</a>\n", n),
+    "not XML": lambda n: repeat("\x00\x1b\ufffe a", n),
     "short lines": MEMORIES["short lines"],
 }
 
