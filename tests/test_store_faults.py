@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from ctxproxy.knowledge.client import Discovery
-from ctxproxy.memory import store_pg, store_sqlite
+from ctxproxy.memory import sqlite_conn, store_pg
 from ctxproxy.memory.model import Memory, StoreError
 from ctxproxy.proxy import knowledge_wiring, memory_wiring
 from tests.conftest import ProxyFactory
@@ -131,7 +131,7 @@ def quick_busy_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each write under a lock waits the busy timeout (5 s) before it fails, and the reads of
     # the next turn queue behind it on the store's one thread: a few turns would take most of
     # a minute. The behaviour is the same with a shorter wait.
-    monkeypatch.setattr(store_sqlite, "_BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sqlite_conn, "_BUSY_TIMEOUT_S", 0.2)
 
 
 @pytest.mark.usefixtures("quick_busy_timeout")

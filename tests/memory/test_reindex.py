@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ctxproxy.config import load_settings
-from ctxproxy.memory import store_pg, store_sqlite, vectors
+from ctxproxy.memory import sqlite_schema, store_pg, vectors
 from ctxproxy.memory.embed import HttpEmbedder
 from ctxproxy.memory.indexer import Indexer
 from ctxproxy.memory.model import Memory, Scope, Store
@@ -74,7 +74,7 @@ def old_store(backend: Backend, monkeypatch: pytest.MonkeyPatch, n: int) -> list
                for i in range(n)]
     records.append(Memory(type="episodic", scope=SCOPE, key="fact", text=FACT))
     with monkeypatch.context() as m:
-        m.setattr(store_sqlite, "MIGRATIONS", store_sqlite.MIGRATIONS[:-1])
+        m.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:-1])
         m.setattr(store_pg, "MIGRATIONS", store_pg.MIGRATIONS[:-1])
         return asyncio.run(_with(backend.make(), lambda s: s.upsert(records)))
 

@@ -5,21 +5,18 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import re
 import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
-import hypothesis
 import pytest
-from hypothesis import strategies as st
 
-from ctxproxy.memory import store_sqlite
+from ctxproxy.memory import sqlite_conn
 from ctxproxy.memory.model import Memory, Scope, StoreError
-from ctxproxy.memory.store_sqlite import MIGRATIONS, MatchCounts, SqliteStore, _words_like
+from ctxproxy.memory.sqlite_schema import MIGRATIONS
+from ctxproxy.memory.store_sqlite import SqliteStore
 
 SCOPE = Scope("svc")
 
@@ -106,7 +103,7 @@ async def test_quick_reads_do_not_queue_behind_searches(
 
     monkeypatch.setattr(store, "_search", stuck)
     searches = [asyncio.ensure_future(store.search(SCOPE, "release train"))
-                for _ in range(store_sqlite.SEARCHERS + 1)]
+                for _ in range(sqlite_conn.SEARCHERS + 1)]
     try:
         # Every search thread is busy: lists, gets and "stored" checks are answered anyway.
         listed = await asyncio.wait_for(store.list(SCOPE), 10)
@@ -185,7 +182,7 @@ async def test_each_record_keeps_its_length_in_characters_through_writes(tmp_pat
     path = tmp_path / "memory.sqlite3"
     old = SqliteStore(path)
     with pytest.MonkeyPatch.context() as m:  # a store from before the column (version 6)
-        m.setattr("ctxproxy.memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 6])
+        m.setattr("ctxproxy.memory.sqlite_schema.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 6])
         await old.open()
         await old.upsert([mem("before", "written before the column: ünïcode")])
         await old.close()
@@ -248,42 +245,6 @@ async def test_the_full_text_index_stays_in_few_segments_under_single_writes(
     assert max(segments) <= 8, segments
 
 
-@hypothesis.given(st.lists(st.sampled_from(
-    ["rat", "rates", "pirates", "_rates", "rat_e", "é", "rater", " ", "\n", ".", "-", "9", "ß"]),
-    max_size=30).map("".join))
-def test_reranking_counts_the_words_a_leading_word_boundary_would(text: str) -> None:
-    words = ["rat", "rate"]
-    alternatives = "(?:" + "|".join(words) + r")[^\W_]*"
-    assert _words_like(re.compile(alternatives), text) == re.findall(r"\b" + alternatives, text)
-
-
-# --- match counts kept between searches ---------------------------------------------------
-
-
-def test_match_counts_are_kept_for_their_ttl_and_only_what_is_missing_is_counted() -> None:
-    counted: list[list[str]] = []
-
-    def count(words: Sequence[str]) -> list[int]:
-        counted.append(list(words))
-        return [{"deploy": 7, "script": 3, "zanzibar": 0}[w] for w in words]
-
-    counts = MatchCounts(ttl_s=30.0)
-    assert counts.counts("s", ["deploy", "zanzibar"], 126, count, now=100.0) == [7, 0]
-    assert counts.counts("s", ["deploy", "script", "zanzibar"], 126, count, now=129.0) == [
-        7, 3, 0]
-    # Kept: deploy; counted again: the new word, and the word that matched nothing.
-    assert counted == [["deploy", "zanzibar"], ["script", "zanzibar"]]
-    # Another scope, another cap: counts of their own.
-    counts.counts("t", ["deploy"], 126, count, now=129.0)
-    counts.counts("s", ["deploy"], 1001, count, now=129.0)
-    assert counted[2:] == [["deploy"], ["deploy"]]
-    # deploy's count (taken at 100) is too old at 130.5, script's (at 129) is not; a clock
-    # that went back counts afresh.
-    counts.counts("s", ["deploy", "script"], 126, count, now=130.5)
-    counts.counts("s", ["script"], 126, count, now=50.0)
-    assert counted[4:] == [["deploy"], ["script"]]
-
-
 async def test_a_store_from_before_the_index_without_positions_finds_the_same(
     tmp_path: Path,
 ) -> None:
@@ -292,7 +253,7 @@ async def test_a_store_from_before_the_index_without_positions_finds_the_same(
     path = tmp_path / "memory.sqlite3"
     old = SqliteStore(path)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr("ctxproxy.memory.store_sqlite.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 7])
+        m.setattr("ctxproxy.memory.sqlite_schema.MIGRATIONS", [v for v in MIGRATIONS if v[0] < 7])
         await old.open()
         await old.upsert([mem("port", "the database port is 5433"),
                           mem("other", "the cache is warm")])

@@ -41,12 +41,12 @@ async def test_another_scopes_volume_does_not_push_a_memory_out_of_search(
 async def test_a_store_from_before_scoped_search_is_migrated_and_searchable(tmp_path) -> None:
     import sqlite3
 
-    from ctxproxy.memory import store_sqlite
+    from ctxproxy.memory import sqlite_schema, store_sqlite
 
     path = tmp_path / "memory.sqlite3"
     conn = sqlite3.connect(path, isolation_level=None)
-    for version, script in store_sqlite.MIGRATIONS[:2]:
-        for statement in store_sqlite._statements(script):
+    for version, script in sqlite_schema.MIGRATIONS[:2]:
+        for statement in sqlite_schema.statements(script):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {version}")
     conn.execute(
