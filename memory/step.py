@@ -31,7 +31,7 @@ import logging
 import time
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -52,7 +52,7 @@ from ctxproxy.memory.queue import WriteQueue
 from ctxproxy.memory.recall import Candidate, Found, Recaller, Standing, standing_of
 from ctxproxy.memory.snippets import lines_of
 from ctxproxy.memory.working import Working
-from ctxproxy.request import Exchange, Identity, Item, Notes, digest
+from ctxproxy.request import Answer, End, Exchange, Hold, Identity, Item, Slot, digest
 
 __all__ = ["MemoryStep", "Prepared", "scope_of"]
 
@@ -195,22 +195,28 @@ class Pinned:
 @dataclass(frozen=True, slots=True)
 class Held:
     """A request forwarded with its turn's memory: its answer's status decides whether the
-    turn keeps what it brought (see MemoryStep.before_answer)."""
+    turn keeps what it brought (see MemoryStep.answering)."""
 
-    notes: Notes
     turn: _Turn
     key: tuple[object, ...]  # the turn's, in MemoryStep._turns
 
 
 @dataclass(frozen=True, slots=True)
 class Awaiting:
-    """A request whose answer may complete its last turn (see MemoryStep.answered)."""
+    """A request whose answer may complete its last turn (see MemoryStep.completed)."""
 
-    notes: Notes
     scope: Scope
     session: str
     turn: turns_.Turn  # the request's last turn, before the answer
     size: int  # the request's bytes
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    """What the memory step knows of one request, on its exchange (MemoryStep's slot)."""
+
+    held: Held | None = None  # until its answer's status is known
+    awaiting: Awaiting | None = None  # until it ends, or is let go past the bounds
 
 
 def _texts(
@@ -279,11 +285,11 @@ class MemoryStep:
         self._recall_modes = recall_modes  # labelled by mode
         self._whole_count = forwarded_whole
         self._offload = offload
-        # The newest turn of each request waiting for its answer (see ``answered``), by the
-        # request's Notes: the one object the relay and this step both see. The entry holds
-        # the Notes, so its id names no other object while it is here. A request leaves it
-        # as it ends (``ended``), answered or not; bounded by count and by request bytes.
-        self._awaiting: OrderedDict[int, Awaiting] = OrderedDict()
+        self._slot = Slot(_Request)
+        # The requests whose answer may complete their newest turn (see ``completed``), oldest
+        # first, with their bytes: each holds its turn on its exchange until it ends, and past
+        # either bound the oldest is let go (its turn is stored when the session resends it).
+        self._awaiting: OrderedDict[_Request, int] = OrderedDict()
         self._awaiting_bytes = 0
         self._turns: LRUCache[tuple[object, ...], _Turn] = LRUCache(
             TURNS_CACHED
@@ -294,9 +300,7 @@ class MemoryStep:
         ] = LRUCache(STANDING_CACHED)
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
         self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(STANDING_CACHED)
-        # Requests forwarded whose answer's status is not known yet (by their Notes' id, as
-        # _awaiting), and the working-memory writes until they end.
-        self._holding: LRUCache[int, Held] = LRUCache(AWAITING)
+        # The working-memory writes until they end.
         self._writes: set[asyncio.Future[list[Memory]]] = set()
 
     async def __call__(self, ex: Exchange) -> None:
@@ -307,8 +311,9 @@ class MemoryStep:
             return
         scope = scope_of(self._settings, ex.identity)
         pending = turns_.last(session, ex.history, ex.first_turn)
+        request = self._slot.of(ex)
         if pending is not None:
-            self._await(Awaiting(ex.notes, scope, session, pending, len(ex.raw)))
+            self._await(request, Awaiting(scope, session, pending, len(ex.raw)))
         key = self._turn_key(scope, session, ex)
         turn = self._turns.get(key)
         ex.notes.memory_cache = "miss" if turn is None else "hit"
@@ -319,7 +324,7 @@ class MemoryStep:
             # context of their own where the lanes see the turn's marks.
             turn = contextvars.copy_context().run(self._begin, scope, session, ex)
             self._turns[key] = turn
-        self._holding[id(ex.notes)] = Held(ex.notes, turn, key)
+        request.held = Held(turn, key)
         task = turn.task
         # A slow store (a database going down, a lock held) costs this request at most the
         # budget; the turn's work goes on and later requests of the turn get its result.
@@ -363,14 +368,15 @@ class MemoryStep:
             if self._whole_count is not None:
                 self._whole_count.inc()
 
-    def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
-        """The answer relayed for the request whose exchange has ``notes`` (its
-        ``response.completed`` output items, about ``size`` bytes): when it ends the user
-        turn, the turn is stored now, on the write queue, under the key it gets when the next
-        request resends it. True when a write was queued."""
-        waiting = self._unawait(notes)
+    def completed(self, ex: Exchange, answer: Answer) -> None:
+        """The answer relayed for ``ex`` (its ``response.completed`` output items, about
+        ``answer.size`` bytes): when it ends the user turn, the turn is stored now, on the
+        write queue, under the key it gets when the next request resends it."""
+        request = self._slot.get(ex)
+        waiting = self._unawait(request) if request is not None else None
+        output, size = answer.output, answer.size
         if waiting is None or not turns_.is_final(output):
-            return False
+            return
         scope, session, pending, now = waiting.scope, waiting.session, waiting.turn, time.time()
         small = small_history(len(pending.items) + len(output), waiting.size + size)
 
@@ -379,15 +385,17 @@ class MemoryStep:
             if turn is not None:
                 await self._ingester.write(scope, session, [turn], now=now, answer=True)
 
-        return self._queue.put(store, size, key=(scope, session))
+        self._queue.put(store, size, key=(scope, session))
 
-    def ended(self, notes: Notes) -> None:
-        """The request whose exchange has ``notes`` is over (answered, refused by the
-        upstream, broken, or its client gone): nothing of it is kept for its answer, and a
-        request that never had a status (the upstream unreachable, its client gone) keeps
-        nothing of what it brought."""
-        self._unawait(notes)
-        held = self._unhold(notes)
+    def ended(self, end: End) -> None:
+        """The request is over (answered, refused by the upstream, broken, or its client
+        gone): nothing of it is kept for its answer, and a request that never had a status
+        (the upstream unreachable, its client gone) keeps nothing of what it brought."""
+        request = self._slot.get(end.exchange) if end.exchange is not None else None
+        if request is None:
+            return
+        self._unawait(request)
+        held, request.held = request.held, None
         if held is not None:
             self._refused(held)
 
@@ -396,38 +404,42 @@ class MemoryStep:
         """Requests whose answer may still complete their turn, and their request bytes."""
         return len(self._awaiting), self._awaiting_bytes
 
-    def _await(self, waiting: Awaiting) -> None:
+    def _await(self, request: _Request, waiting: Awaiting) -> None:
+        self._unawait(request)  # a step run twice on one exchange: counted once
         # The oldest go first past either bound: their turns are stored when resent.
         while self._awaiting and (len(self._awaiting) >= AWAITING
                                   or self._awaiting_bytes + waiting.size > AWAITING_BYTES):
-            _, oldest = self._awaiting.popitem(last=False)
-            self._awaiting_bytes -= oldest.size
+            oldest, size = self._awaiting.popitem(last=False)
+            oldest.awaiting = None
+            self._awaiting_bytes -= size
         if waiting.size <= AWAITING_BYTES:
-            self._awaiting[id(waiting.notes)] = waiting
+            request.awaiting = waiting
+            self._awaiting[request] = waiting.size
             self._awaiting_bytes += waiting.size
 
-    def _unawait(self, notes: Notes) -> Awaiting | None:
-        waiting = self._awaiting.get(id(notes))
-        if waiting is None or waiting.notes is not notes:
-            return None
-        del self._awaiting[id(notes)]
-        self._awaiting_bytes -= waiting.size
+    def _unawait(self, request: _Request) -> Awaiting | None:
+        waiting, request.awaiting = request.awaiting, None
+        if waiting is not None:
+            del self._awaiting[request]
+            self._awaiting_bytes -= waiting.size
         return waiting
 
-    def before_answer(self, notes: Notes, status: int) -> Callable[[], Awaitable[object]] | None:
-        """The upstream answered the request whose exchange had ``notes`` with ``status``
-        (what the relay tells before it relays the answer). A success: its turn keeps what
+    def answering(self, ex: Exchange, status: int) -> Hold | None:
+        """The upstream answered ``ex`` with ``status`` (what the relay tells before it
+        relays the answer). A success: its turn keeps what
         it brought, and what the relay awaits before the answer's end (the completed event)
         so that the session's next request (in any replica, after a compaction too) follows
         the working-memory write: it ends within the budget, from now. The answer's first
         bytes do not wait: the write goes on while the model answers.
         Else nothing of the request is kept: a refused request (a browser's, with a history
         of its own making, say) never writes memory."""
-        held = self._unhold(notes)
-        if held is None:
+        request = self._slot.get(ex)
+        held = request.held if request is not None else None
+        if request is None or held is None:
             return None
+        request.held = None
         if not 200 <= status < 300:
-            self._unawait(notes)
+            self._unawait(request)
             self._refused(held)
             return None
         writing = self._answered(held.turn)
@@ -442,13 +454,6 @@ class MemoryStep:
             return asyncio.wait((writing,), timeout=max(0.0, deadline - time.monotonic()))
 
         return written
-
-    def _unhold(self, notes: Notes) -> Held | None:
-        held = self._holding.get(id(notes))
-        if held is None or held.notes is not notes:
-            return None
-        del self._holding[id(notes)]
-        return held
 
     def _refused(self, held: Held) -> None:
         """A request of ``held``'s turn ended without a success. Unless another request of

@@ -7,7 +7,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -25,8 +24,8 @@ from ctxproxy.memory.recall import Recaller, Weights
 from ctxproxy.memory.step import MemoryStep
 from ctxproxy.memory.stores import make_store
 from ctxproxy.memory.working import Working
-from ctxproxy.proxy.app import ANSWERED, BEFORE_ANSWER, ENDED, METRICS, SETTINGS
-from ctxproxy.request import Notes, Step
+from ctxproxy.proxy.app import METRICS, SETTINGS
+from ctxproxy.request import Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
 
@@ -66,19 +65,6 @@ def step(app: web.Application) -> Step | None:
 
 def _cost(memory: Memory) -> int:
     return tokens.count(memory_blocks.item(memory)) + 1
-
-
-def _answered(memory_step: MemoryStep) -> Callable[[Notes, list[dict[str, Any]], int], None]:
-    """The relay's hand-off: an answer that ends its turn is stored (on the write queue).
-    It runs in the relay's ``finally``: a bug here is logged, never raised into it."""
-
-    def answered(notes: Notes, output: list[dict[str, Any]], size: int) -> None:
-        try:
-            memory_step.answered(notes, output, size)
-        except Exception:
-            log.exception("storing the answered turn failed")
-
-    return answered
 
 
 async def _keep_opening(store: Store, health: Health) -> None:
@@ -171,9 +157,6 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     if indexer is not None:
         indexer.start()
     app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen, indexer)
-    app[ANSWERED] = _answered(memory_step)
-    app[BEFORE_ANSWER] = memory_step.before_answer
-    app[ENDED] = memory_step.ended
     try:
         yield
     finally:

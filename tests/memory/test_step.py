@@ -53,7 +53,7 @@ class Rig:
 
 async def answer(step: MemoryStep, ex: Exchange, status: int = 200) -> None:
     """The relay's part: tell the status, and wait as it does before the answer's end."""
-    hold = step.before_answer(ex.notes, status)
+    hold = step.answering(ex, status)
     if hold is not None:
         await hold()
 
