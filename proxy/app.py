@@ -68,6 +68,7 @@ def create_app(
     Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
     before it starts; ``steps`` is called once at start-up, after every context is open.
     ``upstream`` replaces the client to the real API (tests give it their own connector).
+    Over 60 lines: the app's keys, contexts and routes are listed in one place.
     """
     client_keys = load_client_keys(settings.client_keys)
     # outermost first: a request from a web page is refused before any credential is read
@@ -394,7 +395,11 @@ async def relay(
 ) -> web.StreamResponse:
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
     pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
-    and the answer once whole."""
+    and the answer once whole.
+
+    One function over 60 lines on purpose: the upstream response is released or closed in
+    one ``finally``, and every way out of the copy (the client gone, the upstream broken, the
+    end) reads beside it."""
     app = request.app
     settings = app[SETTINGS]
     info = request[ACCESS]

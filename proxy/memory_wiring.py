@@ -89,6 +89,8 @@ def _count_embedded(counter: Counter) -> Callable[[int, int], None]:
 
 
 async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The memory side, built in the order its parts need each other, and closed in the
+    reverse order (over 60 lines: the opening and the closing read as one list)."""
     settings, metrics = app[SETTINGS], app[METRICS]
     health = Health(lambda: metrics.degraded.labels("memory").inc())
     store = make_store(settings, serving=True)
