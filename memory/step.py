@@ -25,47 +25,25 @@ shows (a memory made since is not in it, and recall may show it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import logging
-import time
-from bisect import bisect_right
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
 
-from cachetools import LRUCache
 from prometheus_client import Counter, Histogram
 
 from ctxproxy.config import Settings
-from ctxproxy.injectors import memory_blocks
-from ctxproxy.injectors.instructions import SEPARATOR, append_block
-from ctxproxy.memory import lanes
 from ctxproxy.memory import turns as turns_
-from ctxproxy.memory.cpu import Offload, placed, sized, small_history
+from ctxproxy.memory.answer import Answers, Awaiting
+from ctxproxy.memory.cpu import Offload
 from ctxproxy.memory.health import Health
 from ctxproxy.memory.ingest import Ingester
-from ctxproxy.memory.keep import Keep
-from ctxproxy.memory.model import Memory, Scope, StoreError
+from ctxproxy.memory.model import Scope
+from ctxproxy.memory.place import Placer, Prepared
+from ctxproxy.memory.prepare import Metrics, TurnPreparer
+from ctxproxy.memory.prepare import texts as _texts  # bench/recall_pick.py times it here
 from ctxproxy.memory.queue import WriteQueue
-from ctxproxy.memory.recall import Candidate, Found, Recaller, Standing, standing_of
-from ctxproxy.memory.snippets import lines_of
+from ctxproxy.memory.recall import Recaller
 from ctxproxy.memory.working import Working
-from ctxproxy.request import Exchange, Identity, Item, Notes, digest
+from ctxproxy.request import Answer, End, Exchange, Hold, Identity
 
-__all__ = ["MemoryStep", "Prepared", "scope_of"]
-
-log = logging.getLogger("ctxproxy.memory")
-
-TURNS_CACHED = 4096
-STANDING_CACHED = 4096
-RECALLS_CACHED = 16384  # turns' recall messages (a few hundred bytes each)
-AWAITING = 1024  # requests in flight whose answer may complete their turn (one turn each)
-AWAITING_BYTES = 256 * 1024 * 1024  # and their request bytes, at most
-
-# (scope, session, the prompt's key, the turn's position in the history)
-TurnKey = tuple[Scope, str, str, int]
+__all__ = ["MemoryStep", "Prepared", "_texts", "scope_of"]
 
 
 def scope_of(settings: Settings, identity: Identity) -> Scope:
@@ -75,179 +53,11 @@ def scope_of(settings: Settings, identity: Identity) -> Scope:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What one user turn gets: the same for every request of the turn."""
-
-    standing: str = ""  # the slow blocks (working, semantic)
-    chosen: tuple[Memory, ...] = ()  # the standing selection, and the tokens it takes
-    used: int = 0
-    recall: str = ""  # this turn's recall
-    recalled: int = 0
-    ids: tuple[str, ...] = ()  # the memories shown, standing then recalled
-    degraded: bool = False
-    message: dict[str, Any] | None = field(default=None, compare=False)  # recall, as an item
-    mode: str | None = None  # how recall searched (memory.recall.Mode)
-    # The turn's writes, begun once one of its requests is answered with a success.
-    keep: Keep | None = field(default=None, compare=False)
-
-
-class _Turn:
-    """A user turn's preparation (its task), and the requests waiting for it: each woken
-    from the task's last step, a turn of the event loop sooner than through the task's own
-    callbacks (asyncio.wait), and a turn of a busy loop takes every other ready callback's
-    time. ``answered``: one of its requests was answered with a success (its writes begin)."""
-
-    __slots__ = ("_waiting", "answered", "task")
-
-    def __init__(
-        self, work: Coroutine[Any, Any, Prepared], reads: tuple[asyncio.Future[Any] | None, ...]
-    ) -> None:
-        """``work`` in a task; ``reads``: the ones it started with, which it drops as it ends."""
-        self._waiting: list[asyncio.Future[None]] = []
-        self.answered = False
-        self.task = asyncio.create_task(self._run(work))
-        self.task.add_done_callback(lambda _: self._ended(work, reads))
-
-    async def _run(self, work: Coroutine[Any, Any, Prepared]) -> Prepared:
-        try:
-            return await work
-        finally:
-            self._wake_all()
-
-    def _ended(
-        self, work: Coroutine[Any, Any, Prepared], reads: tuple[asyncio.Future[Any] | None, ...]
-    ) -> None:
-        # A task cancelled before its first step (a shutdown) never started ``work`` (which
-        # drops its reads) nor ran _run's finally.
-        work.close()
-        for read in reads:
-            _drop(read)
-        self._wake_all()
-
-    def _wake_all(self) -> None:
-        for waiter in self._waiting:
-            _wake(waiter)
-        self._waiting.clear()
-
-    async def wait(self, timeout_s: float) -> None:
-        """Until the task has ended, or ``timeout_s`` has passed (the task goes on)."""
-        if self.task.done():
-            return
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiting.append(waiter)
-        timer = loop.call_later(timeout_s, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            # Woken by the timer (or cancelled): the task may go on for long (a store that
-            # hangs), and each request of the turn would leave its waiter here until it ends.
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(waiter)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-class _Begun(NamedTuple):
-    """A turn as its preparation began (MemoryStep._begin): its clocks, what the window
-    forwards, and the reads already out."""
-
-    began: float  # time.monotonic()
-    now: float  # time.time()
-    own: str  # the session whose working memory it has ('' when the client names none)
-    forwarded: list[tuple[int, TurnKey]]
-    newest: Shown | None  # the turn's recall, when an earlier request made it
-    found: asyncio.Future[Found] | None
-    pinned: Pinned | None
-    reading: asyncio.Future[Standing] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Shown:
-    """A turn's recall message as it was first sent (None: the turn had none), and the lines
-    it shows of each memory in it."""
-
-    message: dict[str, Any] | None
-    lines: tuple[tuple[str, frozenset[str]], ...] = ()
-
-
-def _developer_message(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "developer",
-            "content": [{"type": "input_text", "text": text}]}
-
-
-@dataclass(frozen=True, slots=True)
-class Pinned:
-    """The standing message a session's forwarded history starts with until the window cuts
-    (``first``: the first forwarded turn), and the selection it shows."""
-
-    first: TurnKey
-    message: dict[str, Any] | None
-    chosen: tuple[Memory, ...]
-    used: int
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """A request forwarded with its turn's memory: its answer's status decides whether the
-    turn keeps what it brought (see MemoryStep.before_answer)."""
-
-    notes: Notes
-    turn: _Turn
-    key: tuple[object, ...]  # the turn's, in MemoryStep._turns
-
-
-@dataclass(frozen=True, slots=True)
-class Awaiting:
-    """A request whose answer may complete its last turn (see MemoryStep.answered)."""
-
-    notes: Notes
-    scope: Scope
-    session: str
-    turn: turns_.Turn  # the request's last turn, before the answer
-    size: int  # the request's bytes
-
-
-def _texts(
-    standing: list[Memory], recalled: list[Memory]
-) -> tuple[str, str, tuple[tuple[str, frozenset[str]], ...]]:
-    """The standing and recall blocks, and the lines recall shows of each memory."""
-    return (
-        memory_blocks.render(standing),
-        memory_blocks.render(recalled),
-        tuple((m.memory_id, lines_of(m.text)) for m in recalled),
-    )
-
-
-def _drop(task: asyncio.Future[Any] | None) -> None:
-    """Cancel ``task`` unless it is done; a failure it ended with counts as seen (the
-    store's failure is counted by what awaited it, or by the read that failed first)."""
-    if task is None:
-        return
-    if not task.done():
-        task.cancel()
-    elif not task.cancelled():
-        task.exception()
-
-
-def _forwarded_turns(
-    ex: Exchange, scope: Scope, session: str
-) -> list[tuple[int, TurnKey]]:
-    """(position in the forwarded input, key) of each turn the request forwards."""
-    keys = ex.history.prompt_keys(session)
-    first = ex.first_turn
-    return [
-        (at, (scope, session, keys[first + n], first + n)) for n, at in enumerate(ex.starts)
-    ]
-
-
 class MemoryStep:
-    """Typed memory for each request; see the module docstring."""
+    """Typed memory for each request, in its phases (see the module docstring): before the
+    upstream call, prepare the turn (``memory.prepare``) and place its blocks
+    (``memory.place``); as it is answered, keep what the turn brought and store the turn the
+    answer completes (``memory.answer``)."""
 
     name = "memory"
 
@@ -268,36 +78,15 @@ class MemoryStep:
     ) -> None:
         self._settings = settings
         self._budget_s = settings.memory_timeout_ms / 1000
-        self._placement: Literal["split", "instructions"] = settings.memory_placement
-        self._working = working
-        self._ingester = ingester
-        self._recaller = recaller
-        self._queue = queue
         self._health = health
-        self._recall_seconds = recall_seconds
-        self._recalled = recalled
-        self._recall_modes = recall_modes  # labelled by mode
-        self._whole_count = forwarded_whole
-        self._offload = offload
-        # The newest turn of each request waiting for its answer (see ``answered``), by the
-        # request's Notes: the one object the relay and this step both see. The entry holds
-        # the Notes, so its id names no other object while it is here. A request leaves it
-        # as it ends (``ended``), answered or not; bounded by count and by request bytes.
-        self._awaiting: OrderedDict[int, Awaiting] = OrderedDict()
-        self._awaiting_bytes = 0
-        self._turns: LRUCache[tuple[object, ...], _Turn] = LRUCache(
-            TURNS_CACHED
+        self._placer = Placer(settings.memory_placement, forwarded_whole=forwarded_whole)
+        self._preparer = TurnPreparer(
+            settings, working=working, ingester=ingester, recaller=recaller, queue=queue,
+            health=health, placer=self._placer, offload=offload,
+            metrics=Metrics(recall_seconds, recalled, recall_modes),
         )
-        # (scope, session) -> (candidates' signature, the standing selection)
-        self._standing: LRUCache[
-            tuple[Scope, str], tuple[object, tuple[list[Memory], int]]
-        ] = LRUCache(STANDING_CACHED)
-        self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
-        self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(STANDING_CACHED)
-        # Requests forwarded whose answer's status is not known yet (by their Notes' id, as
-        # _awaiting), and the working-memory writes until they end.
-        self._holding: LRUCache[int, Held] = LRUCache(AWAITING)
-        self._writes: set[asyncio.Future[list[Memory]]] = set()
+        self._answers = Answers(self._preparer, ingester=ingester, queue=queue,
+                                budget_s=self._budget_s, offload=offload)
 
     async def __call__(self, ex: Exchange) -> None:
         if ex.items is None or not ex.history.turns or ex.history_is_foreign:
@@ -307,462 +96,52 @@ class MemoryStep:
             return
         scope = scope_of(self._settings, ex.identity)
         pending = turns_.last(session, ex.history, ex.first_turn)
-        if pending is not None:
-            self._await(Awaiting(ex.notes, scope, session, pending, len(ex.raw)))
-        key = self._turn_key(scope, session, ex)
-        turn = self._turns.get(key)
-        ex.notes.memory_cache = "miss" if turn is None else "hit"
-        if turn is None:
-            # The turn's task, not the request's: a client that hangs up does not cancel it
-            # for the other requests of the turn waiting on it. Its reads go out now, in this
-            # step of the loop (the task's first step is a turn of the loop later), in a
-            # context of their own where the lanes see the turn's marks.
-            turn = contextvars.copy_context().run(self._begin, scope, session, ex)
-            self._turns[key] = turn
-        self._holding[id(ex.notes)] = Held(ex.notes, turn, key)
+        self._answers.forwarding(
+            ex, Awaiting(scope, session, pending, len(ex.raw)) if pending is not None else None)
+        turn, key = self._preparer.turn(ex, scope, session)
+        self._answers.hold(ex, turn, key)
         task = turn.task
         # A slow store (a database going down, a lock held) costs this request at most the
         # budget; the turn's work goes on and later requests of the turn get its result.
         await turn.wait(self._budget_s)
         if not task.done():
             self._health.failed("memory in time", TimeoutError("store too slow"))
-            self._without_memory(ex, scope, session)
+            self._placer.without_memory(ex, scope, session)
             return
         try:
             # The turn's later requests find it done: its result now, with no trip through
             # the loop.
             prepared = task.result()
         except Exception:
-            self._turns.pop(key, None)  # a bug, not a store failure: try again next time
+            self._preparer.forget(key)  # a bug, not a store failure: try again next time
             raise
         self._health.ok("memory in time")
         if prepared.degraded:
-            self._without_memory(ex, scope, session)
+            self._placer.without_memory(ex, scope, session)
             return
         ex.notes.memory_recalled = prepared.recalled
         if prepared.mode is not None:
             ex.notes.recall_mode = prepared.mode
         if prepared.ids:
             ex.notes.memory_ids = prepared.ids
-        self._apply(ex, prepared, scope, session)
+        self._placer.apply(ex, prepared, scope, session)
 
-    def _without_memory(self, ex: Exchange, scope: Scope, session: str) -> None:
-        """No memory for this request (late, or the store failed). Until the window cuts
-        again, this process still has the blocks the session's last request showed: they go
-        in as they were (the same bytes: the prompt cache stays warm), without this turn's
-        recall. Else nothing would show what the window cut, and the history goes out whole,
-        as the client sent it. The turn's memory is still prepared for its next request."""
-        ex.notes.memory_degraded = True
-        forwarded = _forwarded_turns(ex, scope, session)
-        pinned = self._pin(scope, session, forwarded[0][1] if forwarded else None)
-        if self._placement == "split" and pinned is not None:
-            self._apply(ex, Prepared(chosen=pinned.chosen, used=pinned.used), scope, session)
-            return
-        if ex.uncut():
-            ex.notes.memory_whole = True
-            if self._whole_count is not None:
-                self._whole_count.inc()
+    def answering(self, ex: Exchange, status: int) -> Hold | None:
+        return self._answers.answering(ex, status)
 
-    def answered(self, notes: Notes, output: list[Item], size: int) -> bool:
-        """The answer relayed for the request whose exchange has ``notes`` (its
-        ``response.completed`` output items, about ``size`` bytes): when it ends the user
-        turn, the turn is stored now, on the write queue, under the key it gets when the next
-        request resends it. True when a write was queued."""
-        waiting = self._unawait(notes)
-        if waiting is None or not turns_.is_final(output):
-            return False
-        scope, session, pending, now = waiting.scope, waiting.session, waiting.turn, time.time()
-        small = small_history(len(pending.items) + len(output), waiting.size + size)
+    def completed(self, ex: Exchange, answer: Answer) -> None:
+        self._answers.completed(ex, answer)
 
-        async def store() -> None:
-            turn = await placed(self._offload, small, turns_.answered, session, pending, output)
-            if turn is not None:
-                await self._ingester.write(scope, session, [turn], now=now, answer=True)
-
-        return self._queue.put(store, size, key=(scope, session))
-
-    def ended(self, notes: Notes) -> None:
-        """The request whose exchange has ``notes`` is over (answered, refused by the
-        upstream, broken, or its client gone): nothing of it is kept for its answer, and a
-        request that never had a status (the upstream unreachable, its client gone) keeps
-        nothing of what it brought."""
-        self._unawait(notes)
-        held = self._unhold(notes)
-        if held is not None:
-            self._refused(held)
+    def ended(self, end: End) -> None:
+        self._answers.ended(end)
 
     @property
     def awaiting(self) -> tuple[int, int]:
         """Requests whose answer may still complete their turn, and their request bytes."""
-        return len(self._awaiting), self._awaiting_bytes
-
-    def _await(self, waiting: Awaiting) -> None:
-        # The oldest go first past either bound: their turns are stored when resent.
-        while self._awaiting and (len(self._awaiting) >= AWAITING
-                                  or self._awaiting_bytes + waiting.size > AWAITING_BYTES):
-            _, oldest = self._awaiting.popitem(last=False)
-            self._awaiting_bytes -= oldest.size
-        if waiting.size <= AWAITING_BYTES:
-            self._awaiting[id(waiting.notes)] = waiting
-            self._awaiting_bytes += waiting.size
-
-    def _unawait(self, notes: Notes) -> Awaiting | None:
-        waiting = self._awaiting.get(id(notes))
-        if waiting is None or waiting.notes is not notes:
-            return None
-        del self._awaiting[id(notes)]
-        self._awaiting_bytes -= waiting.size
-        return waiting
-
-    def before_answer(self, notes: Notes, status: int) -> Callable[[], Awaitable[object]] | None:
-        """The upstream answered the request whose exchange had ``notes`` with ``status``
-        (what the relay tells before it relays the answer). A success: its turn keeps what
-        it brought, and what the relay awaits before the answer's end (the completed event)
-        so that the session's next request (in any replica, after a compaction too) follows
-        the working-memory write: it ends within the budget, from now. The answer's first
-        bytes do not wait: the write goes on while the model answers.
-        Else nothing of the request is kept: a refused request (a browser's, with a history
-        of its own making, say) never writes memory."""
-        held = self._unhold(notes)
-        if held is None:
-            return None
-        if not 200 <= status < 300:
-            self._unawait(notes)
-            self._refused(held)
-            return None
-        writing = self._answered(held.turn)
-        if writing is None or writing.done():
-            return None
-        deadline = time.monotonic() + self._budget_s
-
-        def written() -> Awaitable[object]:
-            # Past the budget the answer goes on without it; a failed write is counted (or
-            # logged, _written) where it failed. (asyncio.wait: the write's end reaches the
-            # answer a turn of the loop sooner than through wait_for(shield(...)).)
-            return asyncio.wait((writing,), timeout=max(0.0, deadline - time.monotonic()))
-
-        return written
-
-    def _unhold(self, notes: Notes) -> Held | None:
-        held = self._holding.get(id(notes))
-        if held is None or held.notes is not notes:
-            return None
-        del self._holding[id(notes)]
-        return held
-
-    def _refused(self, held: Held) -> None:
-        """A request of ``held``'s turn ended without a success. Unless another request of
-        the turn had one, the turn is prepared again next time: its writes are let go with
-        it (a retry of the turn brings them again)."""
-        if not held.turn.answered and self._turns.get(held.key) is held.turn:
-            del self._turns[held.key]
-
-    def _answered(self, turn: _Turn) -> asyncio.Future[list[Memory]] | None:
-        """A request of ``turn`` was answered with a success: the turn's writes begin, now or
-        as its preparation ends. The working-memory write, once begun."""
-        if not turn.answered:
-            turn.answered = True
-            if not turn.task.done():
-                turn.task.add_done_callback(lambda _: self._begin_writes(turn))
-                return None
-        return self._begin_writes(turn)
-
-    def _begin_writes(self, turn: _Turn) -> asyncio.Future[list[Memory]] | None:
-        task = turn.task
-        if not task.done() or task.cancelled() or task.exception() is not None:
-            return None
-        keep = task.result().keep
-        if keep is None:
-            return None
-        if (writing := keep.begin()) is not None:  # None once begun
-            self._keep(writing)
-        return keep.writing
+        return self._answers.awaiting
 
     async def close(self) -> None:
-        """Cancel turns still being prepared and let the working-memory writes under way end
-        (shutdown)."""
-        if self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
-        tasks = [turn.task for turn in self._turns.values()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        self._turns.clear()
-
-    # --- once per user turn ----------------------------------------------------------------
-
-    def _turn_key(self, scope: Scope, session: str, ex: Exchange) -> tuple[object, ...]:
-        if ex.identity.turn_id:
-            return (scope, session, ex.identity.turn_id)
-        # No turn id: the newest prompt, and how many came before it, name the turn.
-        history = ex.history
-        return (scope, session, history.turns, digest(history.prompt_text(history.turns - 1)))
-
-    def _begin(self, scope: Scope, session: str, ex: Exchange) -> _Turn:
-        """Mark the turn for the lanes, hand its reads to the store, and start its task."""
-        # Every hop of this turn (and of the reads it starts) goes before later turns', while
-        # its request can still use it.
-        began = time.monotonic()
-        lanes.turn(began, self._budget_s)
-        now = time.time()
-        # Working memory is a session's own: a client that names no session (no session id,
-        # no prompt_cache_key) gets none, since its stand-in session (its first prompt) is
-        # shared by everyone who opens the same way. Its turns are still remembered.
-        own = session if ex.identity.session_id else ""
-        # What the window did, read now: a request that waits no longer may undo it.
-        forwarded = _forwarded_turns(ex, scope, session)
-        newest = self._shown.get(forwarded[-1][1]) if forwarded else None
-        # This turn's recall reads go out first (they need only its prompt), beside the
-        # split, working memory's writes and the standing selection's reads: only the pick
-        # needs those. The search is the longest hop of a turn.
-        history = ex.history
-        found = (None if newest is not None  # this turn recalled already (a retry, ...)
-                 else self._recaller.begin(scope, own, history.prompt_text(history.turns - 1),
-                                           now))
-        # Until the window cuts, the forwarded history starts with the pinned block: what it
-        # shows is the standing selection, and nothing needs reading. Else the reads go out
-        # now too (the window only filters what they bring).
-        pinned = self._pin(scope, session, forwarded[0][1] if forwarded else None)
-        reading = self._recaller.read_standing(scope, own, now) if pinned is None else None
-        return _Turn(self._prepare(scope, session, ex, _Begun(
-            began, now, own, forwarded, newest, found, pinned, reading)),
-            (found, reading))
-
-    async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
-        began, now, own, forwarded, newest, found, pinned, reading = begun
-        first, masked = ex.first_turn, ex.masked_turns
-        history = ex.history
-        deriving: asyncio.Future[list[Memory]] | None = None
-        try:
-            # Splitting digests every item of the history: a long one in a worker, not on
-            # the loop (a short one costs less there than the trip to a worker).
-            turns = await placed(self._offload, small_history(len(history.items), len(ex.raw)),
-                                 turns_.split, session, history, first)
-            window = {t.prompt_key for t in turns if t.in_window}
-            kept = [self._shown.get(key) for _, key in forwarded[:-1]]
-            # Memories the model still sees in the window: the turns it shows whole (a turn
-            # with masked outputs is not: recall may show the lines masking removed), and the
-            # recall messages kept in place.
-            whole = {t.prompt_key for t in turns
-                     if t.in_window and t.index not in masked}
-            if own:
-                # Derived while recall reads; written once a request of the turn is answered.
-                deriving = asyncio.ensure_future(self._working.derived(
-                    scope, session, turns, now=now, compacted=history.compacted))
-        except BaseException:
-            _drop(found)
-            _drop(reading)
-            raise
-        try:
-            standing, used, recalled, mode = await self._recall(
-                scope, own, (found, reading, pinned), (window, whole, kept), now)
-        except StoreError as exc:
-            self._health.failed("recall", exc)
-            return Prepared(degraded=True, keep=await self._kept(
-                scope, session, turns, deriving, len(ex.raw), now))
-        except BaseException:
-            _drop(deriving)
-            raise
-        finally:
-            if self._recall_seconds is not None:
-                # From the turn's first step (_begin), its reads' start.
-                self._recall_seconds.observe(time.monotonic() - began)
-        keep = await self._kept(scope, session, turns, deriving, len(ex.raw), now)
-        if self._recalled is not None:
-            self._recalled.inc(len(standing) + len(recalled))
-        if self._recall_modes is not None and mode is not None:
-            self._recall_modes.labels(mode).inc()
-        standing_text, recall_text, recall_lines = await sized(
-            self._offload, sum(len(m.text) for m in (*standing, *recalled)),
-            _texts, standing, recalled,
-        )
-        message = _developer_message(recall_text) if recall_text else None
-        if forwarded and self._placement == "split":
-            if newest is None:  # the first to recall for this turn decides its bytes
-                newest = Shown(message, recall_lines)
-                self._remember(forwarded[-1][1], newest)
-            message = newest.message
-        return Prepared(
-            keep=keep,
-            standing=standing_text,
-            chosen=tuple(standing),
-            used=used,
-            recall=recall_text,
-            recalled=len(standing) + len(recalled),
-            ids=tuple(m.memory_id for m in (*standing, *recalled)),
-            message=message,
-            mode=mode,
-        )
-
-    async def _recall(
-        self, scope: Scope, own: str,
-        reads: tuple[asyncio.Future[Found] | None, asyncio.Future[Standing] | None,
-                     Pinned | None],
-        seen_in: tuple[set[str], set[str], list[Shown | None]], now: float,
-    ) -> tuple[list[Memory], int, list[Memory], str | None]:
-        """The standing selection, the tokens it takes, what recall picked and how it
-        searched. Raises StoreError."""
-        found, reading, pinned = reads
-        window, whole, kept = seen_in
-        mode: str | None = None
-        recalled: list[Memory] = []
-        try:
-            if pinned is not None:
-                standing, used = list(pinned.chosen), pinned.used
-            else:
-                assert reading is not None  # read in _begin whenever nothing is pinned
-                standing, used = await self._standing_for(scope, own, reading, window, now)
-            if found is not None:
-                seen: dict[str, set[str]] = {}
-                for shown in kept:
-                    for memory_id, lines in shown.lines if shown is not None else ():
-                        seen.setdefault(memory_id, set()).update(lines)
-                gathered = await found
-                mode = gathered.mode
-                recalled = await self._recaller.pick(
-                    gathered, window=whole, exclude={m.memory_id for m in standing},
-                    shown=seen, budget=self._recaller.budget - used,
-                    min_score=self._settings.recall_min_score,
-                )
-            self._health.ok("recall")
-        finally:
-            _drop(found)
-            _drop(reading)
-        return standing, used, recalled, mode
-
-    async def _kept(
-        self, scope: Scope, session: str, turns: list[turns_.Turn],
-        deriving: asyncio.Future[list[Memory]] | None, size: int, now: float,
-    ) -> Keep:
-        """What the turn keeps once a request of it is answered: its working memory, and its
-        complete turns as episodes (their job keeps the parsed history alive until it runs:
-        about the request's bytes; a later request's job that has them all stands for it)."""
-        derived = await deriving if deriving is not None else []
-        working = self._working
-
-        def episodes() -> None:
-            self._queue.put(lambda: self._ingester.write(scope, session, turns, now=now),
-                            size, key=(scope, session),
-                            covers=frozenset(t.key for t in turns if t.complete))
-
-        def write() -> asyncio.Future[list[Memory]]:
-            return asyncio.ensure_future(self._working_memory(
-                working.write(scope, session, derived, now=now)))
-
-        return Keep(episodes, write if derived else None)
-
-    async def _working_memory(self, work: Awaitable[list[Memory]]) -> list[Memory]:
-        """``work``'s records; [] when the store failed (counted)."""
-        try:
-            records = await work
-        except StoreError as exc:
-            self._health.failed("working memory", exc)
-            return []
-        self._health.ok("working memory")
-        return records
-
-    def _keep(self, write: asyncio.Future[list[Memory]]) -> None:
-        """Hold on to ``write`` until it ends (a task nothing references may be collected)."""
-        self._writes.add(write)
-        write.add_done_callback(self._written)
-
-    def _written(self, write: asyncio.Future[list[Memory]]) -> None:
-        self._writes.discard(write)
-        if not write.cancelled() and (exc := write.exception()) is not None:
-            # A store failure is counted by _working_memory: anything else is a bug.
-            log.error("writing working memory failed", exc_info=exc)
-
-    def _pin(self, scope: Scope, session: str, first: TurnKey | None) -> Pinned | None:
-        """The session's pinned standing block, while ``first`` (the first forwarded turn)
-        is still the turn it stands before: the window has not cut since it was pinned."""
-        pinned = self._pinned.get((scope, session))
-        if pinned is None or first is None or pinned.first != first:
-            return None
-        return pinned
-
-    def _remember(self, key: TurnKey, shown: Shown) -> None:
-        self._shown[key] = shown
-
-    async def _standing_for(
-        self, scope: Scope, session: str, reading: asyncio.Future[Standing],
-        window: set[str], now: float,
-    ) -> tuple[list[Memory], int]:
-        """The standing selection and the tokens it takes, chosen again only when its
-        candidates change (a window cut or a new memory), not when the clock moves their
-        scores."""
-        read = await reading
-        candidates = standing_of(read, window)
-        signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
-        where = (scope, session)
-        cached = self._standing.get(where)
-        if cached is not None and cached[0] == signature:
-            return cached[1]
-        chosen = await sized(self._offload, sum(len(c.memory.text) for c in candidates),
-                             self._choose_standing, candidates, now)
-        self._standing[where] = (signature, chosen)
-        return chosen
-
-    def _choose_standing(
-        self, candidates: list[Candidate], now: float
-    ) -> tuple[list[Memory], int]:
-        chosen = self._recaller.standing(candidates, now)
-        return chosen, self._recaller.cost(chosen) if chosen else 0
-
-    # --- every request ---------------------------------------------------------------------
-
-    def _apply(self, ex: Exchange, prepared: Prepared, scope: Scope, session: str) -> None:
-        if self._placement == "instructions":
-            text = SEPARATOR.join(b for b in (prepared.standing, prepared.recall) if b)
-            if text:
-                ex.body = append_block(ex.body, text)
-                ex.changed = True
-            return
-        items = ex.items
-        forwarded = _forwarded_turns(ex, scope, session)
-        if items is None or not forwarded:
-            return
-        # Before each position, the messages that go there: the standing block before the
-        # first forwarded turn, each turn's recall message before its prompt (the earlier
-        # turns' from the LRU, the newest turn's from this turn's preparation).
-        messages: dict[int, list[dict[str, Any]]] = {}
-        standing = self._standing_message(scope, session, forwarded[0][1], prepared)
-        if standing is not None:
-            messages[forwarded[0][0]] = [standing]
-            ex.stable_block = standing
-        kept = 0
-        for at, key in forwarded[:-1]:
-            shown = self._shown.get(key)
-            if shown is not None and shown.message is not None:
-                messages.setdefault(at, []).append(shown.message)
-                kept += 1
-        ex.notes.recall_kept = kept
-        if prepared.message is not None:
-            messages.setdefault(forwarded[-1][0], []).append(prepared.message)
-        if not messages:
-            return
-        out: list[Item] = []
-        for at, item in enumerate(items):
-            out.extend(messages.get(at, ()))
-            out.append(item)
-        # The messages stand right before their turns' prompts: the prompts move down.
-        before = [at for at, inserted in sorted(messages.items()) for _ in inserted]
-        ex.starts = [at + bisect_right(before, at) for at in ex.starts]
-        ex.body = {**ex.body, "input": out}
-        ex.changed = True
-
-    def _standing_message(
-        self, scope: Scope, session: str, first: TurnKey, prepared: Prepared
-    ) -> dict[str, Any] | None:
-        """The standing block as a message before the first forwarded turn: pinned, byte for
-        byte, until the window cuts (the first forwarded turn changes). A new memory waits for
-        the cut, where the prompt cache breaks anyway: in ``instructions``, a block that
-        changed re-read the whole prompt after them, the agent's own context included."""
-        pinned = self._pin(scope, session, first)
-        if pinned is not None:
-            return pinned.message
-        text = prepared.standing
-        message = _developer_message(text) if text else None
-        self._pinned[(scope, session)] = Pinned(first, message, prepared.chosen, prepared.used)
-        return message
+        """Let the working-memory writes under way end, and cancel the turns still being
+        prepared (shutdown)."""
+        await self._answers.close()
+        await self._preparer.close()

@@ -9,8 +9,6 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +28,7 @@ from ctxproxy.proxy.pipeline import Pipeline
 from ctxproxy.proxy.sse import BodyTap, UsageTap
 from ctxproxy.proxy.upstream import Idle, Upstream
 from ctxproxy.proxy.workers import Peers
-from ctxproxy.request import Exchange, NotAResponsesRequest, Notes, Step
+from ctxproxy.request import Access, Answer, End, Exchange, NotAResponsesRequest, Sent, Step
 from ctxproxy.window.step import WindowStep
 
 log = logging.getLogger("ctxproxy")
@@ -42,77 +40,13 @@ UPSTREAM = web.AppKey("upstream", Upstream)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
 PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
-# Told the output items relayed to the client (a response.completed event's), with the bytes
-# they took, for the request whose exchange had these Notes (the memory side stores the turn).
-AnswerHook = Callable[[Notes, list[dict[str, Any]], int], object]
-ANSWERED: web.AppKey[AnswerHook] = web.AppKey("answered")
-# Told the upstream's status before the answer to the request whose exchange had these Notes
-# is relayed (the memory side keeps what the request brought only on a success); what it
-# returns is awaited before the chunk that completes the answer (the completed event) goes on.
-BeforeAnswer = Callable[[Notes, int], Callable[[], Awaitable[object]] | None]
-BEFORE_ANSWER: web.AppKey[BeforeAnswer] = web.AppKey("before_answer")
-# Told that the request whose exchange had these Notes is over, answered or not.
-ENDED: web.AppKey[Callable[[Notes], object]] = web.AppKey("ended")
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
-
-@dataclass(slots=True)
-class Access:
-    """One request's access-log line, filled in on the way (None: not known, left out)."""
-
-    error: str | None = None
-    fail_open: str | None = None  # the body could not be parsed: forwarded as sent
-    steps_failed: list[str] | None = None
-    session_id: str | None = None
-    turns_in: int | None = None
-    turns_forwarded: int | None = None
-    items_cut: int | None = None
-    bytes_in: int | None = None
-    bytes_forwarded: int | None = None
-    forwarded_ratio: float | None = None
-    prepare_ms: float | None = None  # from the handler's start until it went upstream
-    ttfb_ms: float | None = None
-    upstream_error: str | None = None
-    input_tokens: int | None = None
-    cached_tokens: int | None = None
-    cache_write_tokens: int | None = None  # reported by models that price cache writes
-    output_tokens: int | None = None
-    notes: Notes | None = None
-
-    def fields(self) -> dict[str, Any]:
-        out = {k: v for k in _ACCESS_FIELDS if (v := getattr(self, k)) is not None}
-        if self.notes is not None:
-            out.update(self.notes.fields())
-        return out
-
-
-_ACCESS_FIELDS = tuple(f.name for f in dataclass_fields(Access) if f.name != "notes")
-
-
 ACCESS = web.RequestKey("access", Access)
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """A ``/v1/responses`` request as it went upstream (the ledger counts its tokens)."""
-
-    at: float  # when it arrived, by the app's CLOCK
-    raw: bytes  # the client's body
-    forwarded: bytes  # what went upstream (the same object when nothing changed)
-    exchange: Exchange | None  # None: not a Responses request, forwarded as sent
-    # The same two, as parsed (the ledger counts these, not a second parse): the client's body
-    # before the steps ran, and the body ``forwarded`` was serialised from (None: not parsed,
-    # or forwarded as the client's bytes).
-    client_body: dict[str, Any] | None = None
-    forwarded_body: dict[str, Any] | None = None
-
-
 SENT = web.RequestKey("sent", Sent)
-# Told each /v1/responses request once it is over (answered, failed or given up), with its
-# access line and status; runs in the access middleware's ``finally``: never raises into it.
-FinishedHook = Callable[[web.Request, Access, int], object]
-FINISHED: web.AppKey[list[FinishedHook]] = web.AppKey("finished")
+# The request's parsed body, from its parse on: what the pipeline's later phases are told of.
+EXCHANGE = web.RequestKey("exchange", Exchange)
 
 StepsFactory = Callable[[web.Application], Sequence[Step]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -134,6 +68,7 @@ def create_app(
     Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
     before it starts; ``steps`` is called once at start-up, after every context is open.
     ``upstream`` replaces the client to the real API (tests give it their own connector).
+    Over 60 lines: the app's keys, contexts and routes are listed in one place.
     """
     client_keys = load_client_keys(settings.client_keys)
     # outermost first: a request from a web page is refused before any credential is read
@@ -148,7 +83,6 @@ def create_app(
     app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
     app[CLOCK] = clock
-    app[FINISHED] = []
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         client = upstream or Upstream(
@@ -289,12 +223,9 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     **info.fields(),
                 ),
             )
-        # After the line: what the hooks cost never delays it.
-        for finished in request.app[FINISHED] if route == "responses" else ():
-            try:
-                finished(request, info, status)
-            except Exception:
-                log.exception("recording the request failed")
+        if route == "responses":  # after the line: what the steps' end costs never delays it
+            request.app[PIPELINE].ended(End(request.get(EXCHANGE), request.get(SENT), info,
+                                            status, request.get(PRINCIPAL)))
 
 
 def _route_name(request: web.Request) -> str:
@@ -388,40 +319,33 @@ async def responses(request: web.Request) -> web.StreamResponse:
     ex: Exchange | None = None
     client_body: dict[str, Any] | None = None
     try:
-        ex = await _off_loop_if_large(raw, Exchange.parse, raw, request.headers, app[SETTINGS],
-                                      request.get(PRINCIPAL))
+        ex = request[EXCHANGE] = await _off_loop_if_large(
+            raw, Exchange.parse, raw, request.headers, app[SETTINGS], request.get(PRINCIPAL))
     except NotAResponsesRequest as exc:
         _forward_as_sent(app, info, exc)
-    try:
-        if ex is not None:
-            client_body = dict(ex.body)  # steps may replace its keys, never the values in them
-            failed = await app[PIPELINE].run(ex)
-            try:
-                body = await _off_loop_if_large(raw, ex.serialise)
-            except NotAResponsesRequest as exc:
-                _forward_as_sent(app, info, exc)
-            info.session_id = ex.identity.session_id
-            info.turns_in = ex.history.turns
-            info.turns_forwarded = ex.turns_forwarded
-            info.items_cut = len(ex.cut)
-            info.notes = ex.notes
-            info.steps_failed = failed or None
-            if ex.first_turn:
-                app[METRICS].turns_cut.inc(ex.first_turn)
-        # Bytes, not tokens: no tokenizer on the request path (tokens: input_tokens below).
-        info.bytes_in = len(raw)
-        info.bytes_forwarded = len(body)
-        info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
-        request[SENT] = Sent(at, raw, body, ex, client_body,
-                             ex.body if ex is not None and body is not raw else None)
-        info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
-        return await relay(request, "responses", body, tap_usage=True)
-    finally:
-        # Whatever became of it (answered, refused upstream, broken, its client gone), the
-        # memory side keeps nothing more of it.
-        ended = app.get(ENDED)
-        if ex is not None and ended is not None:
-            ended(ex.notes)
+    if ex is not None:
+        client_body = dict(ex.body)  # steps may replace its keys, never the values in them
+        failed = await app[PIPELINE].run(ex)
+        try:
+            body = await _off_loop_if_large(raw, ex.serialise)
+        except NotAResponsesRequest as exc:
+            _forward_as_sent(app, info, exc)
+        info.session_id = ex.identity.session_id
+        info.turns_in = ex.history.turns
+        info.turns_forwarded = ex.turns_forwarded
+        info.items_cut = len(ex.cut)
+        info.notes = ex.notes
+        info.steps_failed = failed or None
+        if ex.first_turn:
+            app[METRICS].turns_cut.inc(ex.first_turn)
+    # Bytes, not tokens: no tokenizer on the request path (tokens: input_tokens below).
+    info.bytes_in = len(raw)
+    info.bytes_forwarded = len(body)
+    info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
+    request[SENT] = Sent(at, raw, body, ex, client_body,
+                         ex.body if ex is not None and body is not raw else None)
+    info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
+    return await relay(request, "responses", body, tap_usage=True, ex=ex)
 
 
 T = TypeVar("T")
@@ -466,9 +390,16 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 
 async def relay(
-    request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False
+    request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False,
+    ex: Exchange | None = None,
 ) -> web.StreamResponse:
-    """Send to the upstream and copy its answer back chunk by chunk, as it arrives."""
+    """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
+    pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
+    and the answer once whole.
+
+    One function over 60 lines on purpose: the upstream response is released or closed in
+    one ``finally``, and every way out of the copy (the client gone, the upstream broken, the
+    end) reads beside it."""
     app = request.app
     settings = app[SETTINGS]
     info = request[ACCESS]
@@ -484,14 +415,8 @@ async def relay(
     start = time.perf_counter()
     upstream_response = await upstream.send(request.method, url, headers, body)
     completed = False
-    before = app.get(BEFORE_ANSWER)
-    hold = None
-    if before is not None and info.notes is not None:
-        try:
-            hold = before(info.notes, upstream_response.status)
-        except BaseException:
-            upstream_response.close()
-            raise
+    # The steps' answering phase is failure-isolated and synchronous: it cannot raise here.
+    hold = app[PIPELINE].answering(ex, upstream_response.status) if ex is not None else None
     tap = _tap(upstream_response) if tap_usage else None
     try:
         response = web.StreamResponse(
@@ -540,7 +465,7 @@ async def relay(
         raise ClientClosed from exc
     finally:
         if tap is not None:
-            _record_usage(app, info, tap)
+            _record_usage(app, info, tap, ex)
             _count_unread(app, tap)
         if completed:
             upstream_response.release()
@@ -566,13 +491,12 @@ def _count_unread(app: web.Application, tap: UsageTap | BodyTap) -> None:
         app[METRICS].events_unread.inc(tap.skipped)
 
 
-def _record_usage(app: web.Application, info: Access, tap: UsageTap | BodyTap) -> None:
-    answered = app.get(ANSWERED)
-    if answered is not None and info.notes is not None:
-        output = tap.output()
-        if output is not None:
-            answered(info.notes, output, tap.size)
+def _record_usage(
+    app: web.Application, info: Access, tap: UsageTap | BodyTap, ex: Exchange | None
+) -> None:
     usage = tap.usage()
+    if ex is not None and (output := tap.output()) is not None:
+        app[PIPELINE].completed(ex, Answer(output, tap.size, usage))
     if usage is None:
         return
     info.input_tokens = usage.get("input_tokens")

@@ -4,7 +4,9 @@ The request's path, in order: the window cuts the history (``window/``), knowled
 adds the ``<knowledge_tools>`` block (``knowledge/``), memory adds its typed blocks
 (``memory/``), and for the models that cache only at breakpoints the end of the agent's
 context and of those blocks are marked (``injectors/breakpoints.py``); then the relay
-forwards (``proxy/app.py``). The window's masked outputs are
+forwards (``proxy/app.py``). As the answer comes back, memory keeps what the turn brought and
+stores the answered turn; once the request is over, the ledger records its row and
+``explain`` keeps it (the phases: ``request/phases.py``). The window's masked outputs are
 kept whole for their fetch line by ``proxy/outputs.py``.
 """
 
@@ -27,13 +29,17 @@ from ctxproxy.window.step import WindowStep
 
 def steps(app: web.Application) -> Sequence[Step]:
     """The request pipeline, in order: cut the history, then add knowledge, then memory,
-    then mark the cache breakpoints where those steps left stable prefixes."""
+    then mark the cache breakpoints where those steps left stable prefixes; once the request
+    is over, record its row in the ledger and keep it for ``explain``. Each phase runs the
+    steps that have it in this order."""
     settings = app[SETTINGS]
     ordered: list[Step | None] = [
         WindowStep.from_settings(settings, archive=outputs.archive(app)),
         knowledge_wiring.step(app),
         memory_wiring.step(app),
         Breakpoints(settings.follows_breakpoints),
+        ledger_wiring.step(app),
+        *explain.steps(app),
     ]
     return [s for s in ordered if s is not None]
 

@@ -28,12 +28,12 @@ from ctxproxy.injectors import tokens
 from ctxproxy.injectors.breakpoints import client_marks, unmarked
 from ctxproxy.injectors.redact import redact
 from ctxproxy.ledger.counterfactual import PartCounter
-from ctxproxy.proxy.app import FINISHED, SENT, SETTINGS, Access
+from ctxproxy.proxy.app import SETTINGS
 from ctxproxy.proxy.auth import ADMIN, PRINCIPAL
 from ctxproxy.proxy.errors import error_response
-from ctxproxy.request import History, message_text, output_text
+from ctxproxy.request import End, History, Step, message_text, output_text
 
-__all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render"]
+__all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render", "steps"]
 
 log = logging.getLogger("ctxproxy")
 RING = 64  # recent requests kept in memory...
@@ -91,22 +91,37 @@ RECENT = web.AppKey("recent", Recent)
 
 def install(app: web.Application) -> None:
     """The ring, the route ``explain --last`` reads, and the capture directory."""
-    app[RECENT] = recent = Recent()
+    app[RECENT] = Recent()
     app.router.add_get("/ctxproxy/explain/last", last_route, name="explain")
-    app[FINISHED].append(_keep(recent))
     if app[SETTINGS].capture_dir is not None:
         app.cleanup_ctx.append(_capture_ctx)
 
 
-def _keep(recent: Recent) -> Any:
-    def keep(request: web.Request, info: Access, status: int) -> None:
-        sent = request.get(SENT)
-        if sent is not None:
-            notes = info.fields()
-            recent.add(Seen(sent.at, info.session_id or "", sent.raw, sent.forwarded, status,
-                            notes, request.get(PRINCIPAL)))
+def steps(app: web.Application) -> list[Step]:
+    """The pipeline steps that keep each request once it is over: in the ring, and (under
+    CTXPROXY_CAPTURE_DIR) on disk. Steps rather than hooks of their own: the pipeline's end
+    phase already runs after the access line, isolates a failure and counts it."""
+    recent = app.get(RECENT)
+    kept: list[Step] = [Keep(recent)] if recent is not None else []
+    capture = app.get(CAPTURE)
+    if capture is not None:
+        kept.append(capture)
+    return kept
 
-    return keep
+
+class Keep:
+    """Adds each request that went upstream to the ring ``explain --last`` reads."""
+
+    name = "explain"
+
+    def __init__(self, recent: Recent) -> None:
+        self._recent = recent
+
+    def ended(self, end: End) -> None:
+        sent, info = end.sent, end.access
+        if sent is not None:
+            self._recent.add(Seen(sent.at, info.session_id or "", sent.raw, sent.forwarded,
+                                  end.status, info.fields(), end.principal))
 
 
 async def last_route(request: web.Request) -> web.Response:
@@ -249,41 +264,53 @@ def render(report: dict[str, Any]) -> str:
 PENDING = 32  # captures waiting at most; more are dropped (a debugging aid, never a brake)
 
 
-async def _capture_ctx(app: web.Application) -> AsyncIterator[None]:
-    folder: Path = app[SETTINGS].capture_dir  # type: ignore[assignment]
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-capture")
-    pending = 0
-    loop = asyncio.get_running_loop()
-    count = 0
+class Capture:
+    """Writes each parsed request's forwarded body, redacted, into CTXPROXY_CAPTURE_DIR: in a
+    thread of its own, at most PENDING waiting (more are dropped)."""
 
-    def write(name: str, forwarded: bytes) -> None:
+    name = "capture"
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ctxproxy-capture")
+        self._pending = 0
+        self._count = 0
+
+    def ended(self, end: End) -> None:
+        sent = end.sent
+        if sent is None or self._pending >= PENDING or sent.exchange is None:
+            return
+        self._pending += 1
+        self._count += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(sent.at))
+        session = re.sub(r"[^A-Za-z0-9_-]", "_", end.access.session_id or "none")[:64]
+        future = asyncio.get_running_loop().run_in_executor(
+            self._pool, self._write, f"{stamp}-{session}-{self._count:06d}.json", sent.forwarded)
+        future.add_done_callback(self._done)
+
+    def _write(self, name: str, forwarded: bytes) -> None:
         body = redact_body(orjson.loads(forwarded))
-        path = folder / name
+        path = self._folder / name
         private_file(path)  # prompts, even redacted: owner-only like the data directory
         path.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
 
-    def done(future: asyncio.Future[None]) -> None:
-        nonlocal pending
-        pending -= 1
+    def _done(self, future: asyncio.Future[None]) -> None:
+        self._pending -= 1
         if not future.cancelled() and future.exception() is not None:
             log.warning("capturing a body failed: %s", future.exception())
 
-    def capture(request: web.Request, info: Access, status: int) -> None:
-        nonlocal pending, count
-        sent = request.get(SENT)
-        if sent is None or pending >= PENDING or sent.exchange is None:
-            return
-        pending += 1
-        count += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(sent.at))
-        session = re.sub(r"[^A-Za-z0-9_-]", "_", info.session_id or "none")[:64]
-        future = loop.run_in_executor(pool, write, f"{stamp}-{session}-{count:06d}.json",
-                                      sent.forwarded)
-        future.add_done_callback(done)
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
-    app[FINISHED].append(capture)
+
+CAPTURE = web.AppKey("capture", Capture)
+
+
+async def _capture_ctx(app: web.Application) -> AsyncIterator[None]:
+    folder: Path = app[SETTINGS].capture_dir  # type: ignore[assignment]
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    app[CAPTURE] = capture = Capture(folder)
     try:
         yield
     finally:
-        pool.shutdown(wait=True)
+        capture.close()

@@ -1,5 +1,6 @@
-"""How the request ledger plugs into the app: its store, the recorder fed by every
-``/v1/responses`` request once it is over, and the handle the ``/ui`` pages read."""
+"""How the request ledger plugs into the app: its store, the pipeline step that hands every
+``/v1/responses`` request to the recorder once it is over, and the handle the ``/ui`` pages
+read."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from ctxproxy.ledger.counterfactual import PartCounter
 from ctxproxy.ledger.measure import Bodies, Counting, InProcess, InThread, Measurer, Pending
 from ctxproxy.ledger.recorder import Recorder
 from ctxproxy.ledger.stores import make_ledger
-from ctxproxy.proxy.app import CLOCK, FINISHED, METRICS, SENT, SETTINGS, Access, FinishedHook, Sent
-from ctxproxy.proxy.auth import PRINCIPAL
+from ctxproxy.proxy.app import CLOCK, METRICS, SETTINGS
+from ctxproxy.request import Access, End, Sent, Step
 
-__all__ = ["LEDGER", "LedgerSide", "install"]
+__all__ = ["LEDGER", "LedgerSide", "LedgerStep", "install", "step"]
 
 log = logging.getLogger("ctxproxy.ledger")
 
@@ -64,7 +65,6 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     recorder.start()
     app[LEDGER] = LedgerSide(ledger, recorder, prices)
-    app[FINISHED].append(_finished(recorder))
     try:
         yield
     finally:
@@ -85,15 +85,30 @@ def _counting(in_process: bool) -> Counting:
     return InThread(Measurer(PartCounter(tokens.count)))
 
 
-def _finished(recorder: Recorder) -> FinishedHook:
-    def finished(request: web.Request, info: Access, status: int) -> None:
-        sent = request.get(SENT)
-        if sent is not None:
-            recorder.put(pending(request.app, sent, info, status,
-                                 bodies=recorder.counting.takes_bodies,
-                                 principal=request.get(PRINCIPAL, "")))
+def step(app: web.Application) -> Step | None:
+    """The ledger's pipeline step (called at start-up, after every context is open); None
+    when the ledger is off or did not open."""
+    side = app.get(LEDGER)
+    if side is None or side.recorder is None:
+        return None
+    return LedgerStep(app, side.recorder)
 
-    return finished
+
+class LedgerStep:
+    """Hands each request that went upstream to the recorder once it is over (its end
+    phase): the recorder counts and prices its row off the loop."""
+
+    name = "ledger"
+
+    def __init__(self, app: web.Application, recorder: Recorder) -> None:
+        self._app = app
+        self._recorder = recorder
+
+    def ended(self, end: End) -> None:
+        if end.sent is not None:
+            self._recorder.put(pending(self._app, end.sent, end.access, end.status,
+                                       bodies=self._recorder.counting.takes_bodies,
+                                       principal=end.principal or ""))
 
 
 TEXT_CHARS = 200  # a row's names: a header may be any length and hold lone surrogates

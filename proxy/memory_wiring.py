@@ -7,7 +7,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -25,8 +24,8 @@ from ctxproxy.memory.recall import Recaller, Weights
 from ctxproxy.memory.step import MemoryStep
 from ctxproxy.memory.stores import make_store
 from ctxproxy.memory.working import Working
-from ctxproxy.proxy.app import ANSWERED, BEFORE_ANSWER, ENDED, METRICS, SETTINGS
-from ctxproxy.request import Notes, Step
+from ctxproxy.proxy.app import METRICS, SETTINGS
+from ctxproxy.request import Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
 
@@ -68,19 +67,6 @@ def _cost(memory: Memory) -> int:
     return tokens.count(memory_blocks.item(memory)) + 1
 
 
-def _answered(memory_step: MemoryStep) -> Callable[[Notes, list[dict[str, Any]], int], None]:
-    """The relay's hand-off: an answer that ends its turn is stored (on the write queue).
-    It runs in the relay's ``finally``: a bug here is logged, never raised into it."""
-
-    def answered(notes: Notes, output: list[dict[str, Any]], size: int) -> None:
-        try:
-            memory_step.answered(notes, output, size)
-        except Exception:
-            log.exception("storing the answered turn failed")
-
-    return answered
-
-
 async def _keep_opening(store: Store, health: Health) -> None:
     """Retry a store that could not open at start-up (a database that comes up later)."""
     while True:
@@ -103,6 +89,8 @@ def _count_embedded(counter: Counter) -> Callable[[int, int], None]:
 
 
 async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The memory side, built in the order its parts need each other, and closed in the
+    reverse order (over 60 lines: the opening and the closing read as one list)."""
     settings, metrics = app[SETTINGS], app[METRICS]
     health = Health(lambda: metrics.degraded.labels("memory").inc())
     store = make_store(settings, serving=True)
@@ -171,9 +159,6 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     if indexer is not None:
         indexer.start()
     app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen, indexer)
-    app[ANSWERED] = _answered(memory_step)
-    app[BEFORE_ANSWER] = memory_step.before_answer
-    app[ENDED] = memory_step.ended
     try:
         yield
     finally:

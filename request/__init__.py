@@ -6,7 +6,6 @@ from ctxproxy.request.exchange import (
     Identity,
     NotAResponsesRequest,
     Notes,
-    Step,
     has_lossy_number,
     owner_digest,
     user_digest,
@@ -23,9 +22,22 @@ from ctxproxy.request.items import (
     output_text,
     prompt_message,
 )
+from ctxproxy.request.outcome import Access, End, Sent
+from ctxproxy.request.phases import (
+    Answer,
+    Answers,
+    Completes,
+    Ends,
+    Hold,
+    Prepares,
+    Slot,
+    Step,
+)
 
 __all__ = [
-    "Cut", "Exchange", "History", "Identity", "Item", "NotAResponsesRequest", "Notes", "Step",
+    "Access", "Answer", "Answers", "Completes", "Cut", "End", "Ends", "Exchange", "History",
+    "Hold", "Identity", "Item", "NotAResponsesRequest", "Notes", "Prepares", "Sent", "Slot",
+    "Step",
     "call_pairs", "digest", "has_lossy_number", "is_compaction_message", "is_context", "is_message",
     "is_turn_start", "message_text", "output_text", "owner_digest", "prompt_message",
     "user_digest",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from multidict import CIMultiDictProxy
@@ -15,7 +15,7 @@ from ctxproxy.request.history import History
 from ctxproxy.request.items import Item, prompt_message
 
 __all__ = [
-    "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes", "Step",
+    "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes",
     "has_lossy_number", "owner_digest", "user_digest",
 ]
 
@@ -123,14 +123,6 @@ class Notes:
         return {k: v for k in self.__slots__ if (v := getattr(self, k)) is not None}
 
 
-class Step(Protocol):
-    """One transformation of an Exchange. A step that raises is undone alone."""
-
-    name: str
-
-    async def __call__(self, ex: Exchange) -> None: ...
-
-
 # What a step may change, as it was before the step ran.
 Checkpoint = tuple[
     dict[str, Any], list[Item], int, list[int], frozenset[int], Item | None, bool, Notes
@@ -161,6 +153,9 @@ class Exchange:
     stable_block: Item | None = None
     changed: bool = False
     notes: Notes = field(default_factory=Notes)
+    # The steps' own state for this request, by their ``request.phases.Slot`` (a step's
+    # failure does not undo it: the step's later phases still see it).
+    slots: dict[object, object] = field(default_factory=dict)
 
     @classmethod
     def parse(

@@ -100,7 +100,7 @@ async def test_requests_awaiting_their_answer_are_bounded_by_bytes(
 ) -> None:
     # Room for one of these requests, not two: the older goes (its turn is stored when the
     # session resends it), the newer is kept, and both are gone once answered.
-    monkeypatch.setattr("ctxproxy.memory.step.AWAITING_BYTES", 150_000)
+    monkeypatch.setattr("ctxproxy.memory.answer.AWAITING_BYTES", 150_000)
     proxy = await start_proxy()
     upstream.then_delay(0.5).then_delay(0.5)
 

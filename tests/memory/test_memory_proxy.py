@@ -614,7 +614,7 @@ async def test_a_known_sessions_standing_reads_go_out_before_its_history_is_spli
     # A turn's split and its standing reads need not wait for each other: the split waits
     # (in its worker) for the read it should not have to come before. The history is split
     # as a long one is, in a worker (a short one is split in place, before the reads go out).
-    monkeypatch.setattr("ctxproxy.memory.step.small_history", lambda items, size: False)
+    monkeypatch.setattr("ctxproxy.memory.prepare.small_history", lambda items, size: False)
     proxy = await start_proxy(**backend.settings, **CUT_EVERY_TURN)
     read, waiting, saw = threading.Event(), threading.Event(), []
     _on_standing_read(runtime(proxy).store, monkeypatch, read)

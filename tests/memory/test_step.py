@@ -18,9 +18,10 @@ from ctxproxy.injectors import memory_blocks, tokens
 from ctxproxy.memory import turns as turns_
 from ctxproxy.memory.health import Health
 from ctxproxy.memory.ingest import Ingester
+from ctxproxy.memory.prepare import Preparing
 from ctxproxy.memory.queue import WriteQueue
 from ctxproxy.memory.recall import Recaller, Weights
-from ctxproxy.memory.step import MemoryStep, _Turn
+from ctxproxy.memory.step import MemoryStep
 from ctxproxy.memory.store_sqlite import SqliteStore
 from ctxproxy.memory.working import Working
 from ctxproxy.proxy.memory_wiring import _cost
@@ -53,7 +54,7 @@ class Rig:
 
 async def answer(step: MemoryStep, ex: Exchange, status: int = 200) -> None:
     """The relay's part: tell the status, and wait as it does before the answer's end."""
-    hold = step.before_answer(ex.notes, status)
+    hold = step.answering(ex, status)
     if hold is not None:
         await hold()
 
@@ -184,7 +185,7 @@ async def test_a_turns_search_goes_out_before_its_history_is_split(
 
     monkeypatch.setattr(store, "search", seen)
     # A history too long to split in place (a short one is split before anything is awaited).
-    monkeypatch.setattr("ctxproxy.memory.step.small_history", lambda items, size: False)
+    monkeypatch.setattr("ctxproxy.memory.prepare.small_history", lambda items, size: False)
 
     async def offload(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         if fn is turns_.split:  # the split's thread is busy until the search has gone out
@@ -358,7 +359,7 @@ async def test_a_request_that_stops_waiting_leaves_nothing_behind_in_its_turn() 
     async def work() -> Any:
         return await hanging
 
-    turn = _Turn(work(), ())
+    turn = Preparing(work(), ())
     for _ in range(50):
         await turn.wait(0.001)
     waiter = asyncio.ensure_future(turn.wait(10))
