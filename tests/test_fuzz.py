@@ -131,13 +131,17 @@ def prompts(items: list[Any]) -> list[str]:
 
 
 def call_pairs(items: list[Any]) -> dict[str, set[str]]:
-    """For each string call_id: which of 'call' and 'output' the list holds."""
+    """For each string call_id: which of 'call' and 'output' the list holds; an output before
+    any call of its id is an 'orphan' (the API refuses it, cut or not)."""
     pairs: dict[str, set[str]] = {}
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("call_id"), str):
             continue
-        kind = "output" if str(item.get("type", "")).endswith("_output") else "call"
-        pairs.setdefault(item["call_id"], set()).add(kind)
+        if str(item.get("type", "")).endswith("_output"):
+            kinds = pairs.setdefault(item["call_id"], set())
+            kinds.add("output" if "call" in kinds else "orphan")
+        else:
+            pairs.setdefault(item["call_id"], set()).add("call")
     return pairs
 
 
