@@ -32,7 +32,7 @@ from ctxproxy.ledger.sql import (
 )
 from ctxproxy.plumbing.pg import Connection, Pool, Schema, open_pool
 
-__all__ = ["MIGRATIONS", "SCHEMA", "PostgresLedger"]
+__all__ = ["MIGRATIONS", "PostgresLedger"]
 
 # Versioned schema. Append new versions; never edit an applied one.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -82,7 +82,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (4, cache_write_migration(1)),  # the cache writes the upstream reported
 )
 _UPSERT = upsert_sql(1, "%s")
-SCHEMA = Schema("ctxproxy.ledger", f"{TABLE}_migrations", MIGRATIONS)
+_LOCK, _VERSIONS = "ctxproxy.ledger", f"{TABLE}_migrations"  # the advisory lock, the versions table
 _INSERT = (
     f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES "
     f"({', '.join(['%s'] * len(INSERT_COLUMNS.split(',')))})"
@@ -103,7 +103,7 @@ class PostgresLedger:
 
     async def open(self) -> None:
         try:
-            self._pool = await open_pool(self._url, SCHEMA, max_size=self._max,
+            self._pool = await open_pool(self._url, schema(), max_size=self._max,
                                          timeout_s=self._timeout_s)
         except (psycopg.Error, OSError) as exc:
             raise LedgerError(f"postgres: cannot open the ledger: {exc}") from exc
@@ -173,3 +173,9 @@ class PostgresLedger:
         async with self._conn() as conn:
             cur = await conn.execute(scopes_sql("%s"), (principal, limit))
             return [(a, b, c, d) for a, b, c, d in await cur.fetchall()]
+
+
+def schema() -> Schema:
+    """The versions of ``MIGRATIONS`` as they stand when a store opens (a test may cut them
+    short, to open a file as an older release left it)."""
+    return Schema(_LOCK, _VERSIONS, MIGRATIONS)

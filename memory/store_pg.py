@@ -28,7 +28,7 @@ from ctxproxy.memory.search import BUDGET, MAX_WORDS, RECENT, bound
 from ctxproxy.memory.vectors import REREAD, VectorIndex, VectorRow
 from ctxproxy.plumbing.pg import Pool, Schema, open_pool
 
-__all__ = ["MIGRATIONS", "SCHEMA", "PostgresStore"]
+__all__ = ["MIGRATIONS", "PostgresStore"]
 
 # Versioned schema. Append new versions; never edit an applied one.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -155,7 +155,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
 )
-SCHEMA = Schema("ctxproxy.memory", "ctxproxy_migrations", MIGRATIONS)
+_LOCK, _VERSIONS = "ctxproxy.memory", "ctxproxy_migrations"  # the advisory lock, the versions table
 _FORGET = """
 WITH gone AS (
     DELETE FROM memories WHERE memory_id = ANY(%(ids)s)
@@ -310,7 +310,7 @@ class PostgresStore:
             # would cost a round trip for BEGIN and one for COMMIT besides its own. What
             # must be one transaction asks for it (``_conn(atomic=True)``).
             self._pool = await open_pool(
-                self._url, SCHEMA, max_size=self._max, timeout_s=self._timeout_s,
+                self._url, schema(), max_size=self._max, timeout_s=self._timeout_s,
                 check=self._idle.check, autocommit=True,
             )
         except (psycopg.Error, OSError) as exc:
@@ -772,3 +772,9 @@ def _memory(row: Sequence[Any]) -> Memory:
 def _sqlstate(exc: StoreError) -> str | None:
     cause = exc.__cause__
     return cause.sqlstate if isinstance(cause, psycopg.Error) else None
+
+
+def schema() -> Schema:
+    """The versions of ``MIGRATIONS`` as they stand when a store opens (a test may cut them
+    short, to open a file as an older release left it)."""
+    return Schema(_LOCK, _VERSIONS, MIGRATIONS)
