@@ -15,6 +15,7 @@ COPY ctxproxy ctxproxy
 COPY config config
 COPY request request
 COPY injectors injectors
+COPY plumbing plumbing
 COPY window window
 COPY knowledge knowledge
 COPY memory memory

@@ -6,12 +6,10 @@ import contextlib
 import fcntl
 import os
 import secrets
-import sqlite3
 import stat
-import time
 from pathlib import Path
 
-__all__ = ["WriteLock", "private_file", "secret_key", "wal"]
+__all__ = ["WriteLock", "private_file", "secret_key"]
 
 _SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's, made with the database file's mode
 
@@ -59,22 +57,6 @@ def secret_key(data_dir: Path, name: str) -> bytes:
     if len(key) < 16:
         raise ValueError(f"{path} holds fewer than 16 bytes; remove it to make a new key")
     return key
-
-
-def wal(conn: sqlite3.Connection, wait_s: float) -> None:
-    """Switch an SQLite file to WAL. Changing the journal mode does not wait on the busy
-    handler: opening a new file while another process migrates it fails at once with
-    "database is locked", so that is retried for as long as a busy wait (``wait_s``) would
-    last."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 class WriteLock:

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ctxproxy.config.files import private_file, wal
 from ctxproxy.knowledge.wiki import Page
+from ctxproxy.plumbing.sqlite import immediate, open_file
 
 __all__ = ["FILENAME", "Catalogue", "Generation", "SyncResult", "WrongType"]
 
@@ -165,6 +165,11 @@ class SyncResult:
     unchanged: int
 
 
+def _create(conn: sqlite3.Connection) -> None:
+    conn.executescript(SCHEMA)
+    conn.executescript(CODE_SCHEMA)
+
+
 class Catalogue:
     """The knowledge catalogue in one SQLite file."""
 
@@ -174,14 +179,9 @@ class Catalogue:
 
     @classmethod
     def open(cls, path: Path) -> Catalogue:
-        private_file(path)
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        conn = open_file(path, _BUSY_TIMEOUT_S, pragmas=("PRAGMA foreign_keys = ON",),
+                         setup=_create)
         conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-        wal(conn, _BUSY_TIMEOUT_S)
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.executescript(SCHEMA)
-        conn.executescript(CODE_SCHEMA)
         return cls(conn)
 
     def close(self) -> None:
@@ -199,9 +199,8 @@ class Catalogue:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """The connection inside one write transaction, committed when the block ends."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            yield self._conn
+        with self._lock, immediate(self._conn) as conn:
+            yield conn
 
     def find_source(
         self, conn: sqlite3.Connection, service_id: str, team_id: str, source: str

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import psycopg
-from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
 
 from ctxproxy.ledger.model import Group, LedgerError, Record, ScopeKey, Totals
 from ctxproxy.ledger.sql import (
@@ -32,6 +30,7 @@ from ctxproxy.ledger.sql import (
     upsert_sql,
     with_principal,
 )
+from ctxproxy.plumbing.pg import Connection, Pool, Schema, open_pool
 
 __all__ = ["MIGRATIONS", "PostgresLedger"]
 
@@ -83,7 +82,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (4, cache_write_migration(1)),  # the cache writes the upstream reported
 )
 _UPSERT = upsert_sql(1, "%s")
-_VERSIONS = f"{TABLE}_migrations"
+_LOCK, _VERSIONS = "ctxproxy.ledger", f"{TABLE}_migrations"  # the advisory lock, the versions table
 _INSERT = (
     f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES "
     f"({', '.join(['%s'] * len(INSERT_COLUMNS.split(',')))})"
@@ -97,55 +96,25 @@ class PostgresLedger:
         self._url = url  # holds the password: never logged
         self._max = max_connections
         self._timeout_s = timeout_s
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+        self._pool: Pool | None = None
 
     def __repr__(self) -> str:
         return "PostgresLedger(<url>)"
 
     async def open(self) -> None:
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
-            self._url, min_size=1, max_size=self._max, open=False, timeout=self._timeout_s,
-            check=AsyncConnectionPool.check_connection,
-            kwargs={"connect_timeout": max(1, round(self._timeout_s))},
-        )
         try:
-            await self._migrate()
-            await pool.open(wait=True, timeout=self._timeout_s)
+            self._pool = await open_pool(self._url, schema(), max_size=self._max,
+                                         timeout_s=self._timeout_s)
         except (psycopg.Error, OSError) as exc:
-            await pool.close()
             raise LedgerError(f"postgres: cannot open the ledger: {exc}") from exc
-        self._pool = pool
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
 
-    async def _migrate(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(
-            self._url, connect_timeout=max(1, round(self._timeout_s))
-        )
-        async with conn, conn.transaction():
-            # Replicas starting together apply each version once (the others wait).
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('ctxproxy.ledger:' || current_schema()))"
-            )
-            await conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {_VERSIONS} ("
-                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            cur = await conn.execute(f"SELECT coalesce(max(version), 0) FROM {_VERSIONS}")
-            row = await cur.fetchone()
-            current = int(row[0]) if row else 0
-            for version, statements in MIGRATIONS:
-                if version <= current:
-                    continue
-                for statement in statements:
-                    await conn.execute(statement)
-                await conn.execute(f"INSERT INTO {_VERSIONS} (version) VALUES (%s)", (version,))
-
     @asynccontextmanager
-    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+    async def _conn(self) -> AsyncIterator[Connection]:
         if self._pool is None:
             raise LedgerError("postgres: the ledger is not open")
         try:
@@ -204,3 +173,9 @@ class PostgresLedger:
         async with self._conn() as conn:
             cur = await conn.execute(scopes_sql("%s"), (principal, limit))
             return [(a, b, c, d) for a, b, c, d in await cur.fetchall()]
+
+
+def schema() -> Schema:
+    """The versions of ``MIGRATIONS`` as they stand when a store opens (a test may cut them
+    short, to open a file as an older release left it)."""
+    return Schema(_LOCK, _VERSIONS, MIGRATIONS)

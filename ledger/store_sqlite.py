@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ctxproxy.config.files import private_file, wal
 from ctxproxy.ledger.model import Group, LedgerError, Record, ScopeKey, Totals
 from ctxproxy.ledger.sql import (
     HOUR,
@@ -33,6 +32,7 @@ from ctxproxy.ledger.sql import (
     upsert_sql,
     with_principal,
 )
+from ctxproxy.plumbing.sqlite import SYNC_NORMAL, immediate, migrate, open_file
 
 __all__ = ["MIGRATIONS", "SqliteLedger"]
 
@@ -116,20 +116,10 @@ class SqliteLedger:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            private_file(self.path)  # owner-only, as every file of the data directory
+            return open_file(self.path, _BUSY_TIMEOUT_S, pragmas=(SYNC_NORMAL,),
+                             setup=lambda conn: migrate(conn, MIGRATIONS))
         except OSError as exc:
             raise LedgerError(f"sqlite: cannot create {self.path}: {exc}") from exc
-        conn = sqlite3.connect(
-            self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        try:
-            wal(conn, _BUSY_TIMEOUT_S)
-            conn.execute("PRAGMA synchronous=NORMAL")
-            _migrate(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -160,16 +150,9 @@ class SqliteLedger:
         rolled = rollup_rows(records)
 
         def insert() -> None:
-            db = self._db()
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(self._db()) as db:
                 db.executemany(_INSERT, rows)
                 db.executemany(_UPSERT, rolled)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
 
         await self._run(insert)
 
@@ -177,19 +160,12 @@ class SqliteLedger:
         hour = int(before // HOUR)
 
         def prune() -> int:
-            db = self._db()
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(self._db()) as db:
                 gone = db.execute(f"DELETE FROM {TABLE} WHERE at < ?", (before,)).rowcount
                 # The hour the cut falls in is rolled up again from the rows it kept.
                 db.execute(f"DELETE FROM {ROLLUP} WHERE hour <= ?", (hour,))
                 db.execute(backfill_sql(0, where="WHERE at >= ? AND at < ?"),
                            (hour * HOUR, (hour + 1) * HOUR))
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
             return gone
 
         return await self._run(prune)
@@ -234,19 +210,3 @@ class SqliteLedger:
 
         return await self._run(scopes)
 
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file apply each version once
-    try:
-        current = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            for statement in statements:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {int(version)}")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise

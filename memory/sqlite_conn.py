@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ctxproxy.config.files import WriteLock, private_file, wal
+from ctxproxy.config.files import WriteLock
 from ctxproxy.memory.lanes import Lane
 from ctxproxy.memory.model import StoreError
 from ctxproxy.memory.sqlite_schema import migrate, scope_token
+from ctxproxy.plumbing.sqlite import SYNC_NORMAL, immediate, open_file
 
 __all__ = ["READERS", "SEARCHERS", "Threads", "guarded", "read_only"]
 
@@ -72,22 +73,14 @@ class Threads:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            private_file(self.path)
+            conn = open_file(self.path, _BUSY_TIMEOUT_S, pragmas=(
+                SYNC_NORMAL,
+                # A search touches a few thousand rows and index pages spread over the file;
+                # SQLite's default 2 MB page cache made each touch a copy from the OS cache.
+                f"PRAGMA cache_size=-{_CACHE_KIB}",
+            ), setup=migrate)
         except OSError as exc:
             raise StoreError(f"sqlite: cannot create {self.path}: {exc}") from exc
-        conn = sqlite3.connect(
-            self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        try:
-            wal(conn, _BUSY_TIMEOUT_S)
-            conn.execute("PRAGMA synchronous=NORMAL")
-            # A search touches a few thousand rows and index pages spread over the file;
-            # SQLite's default 2 MB page cache made each touch a copy from the OS cache.
-            conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-            migrate(conn)
-        except BaseException:
-            conn.close()
-            raise
         self._local.conn = conn
         return conn
 
@@ -157,16 +150,9 @@ class Threads:
         """A write transaction on the writer's connection, under the processes' write lock:
         committed when the block ends, rolled back when it raises."""
         db = self.db()
-        with self._lock:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute(_FTS_MERGE)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:  # a failed COMMIT may have rolled back already
-                    db.execute("ROLLBACK")
-                raise
+        with self._lock, immediate(db):
+            yield db
+            db.execute(_FTS_MERGE)
 
     def db(self) -> sqlite3.Connection:
         """The calling thread's connection: the writer's, or a reader's."""

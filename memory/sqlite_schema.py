@@ -11,10 +11,11 @@ from typing import Any
 import orjson
 
 from ctxproxy.memory.model import MEMORY_TYPES, Memory, Scope
+from ctxproxy.plumbing import sqlite as plumbing_sqlite
 
 __all__ = [
     "COLUMNS", "MIGRATIONS", "M_COLUMNS", "json_rows", "memory_of", "migrate", "params_of",
-    "scope_params", "scope_token", "statements",
+    "scope_params", "scope_token",
 ]
 
 # Versioned schema (PRAGMA user_version). Append new versions; never edit an applied one.
@@ -213,35 +214,7 @@ def scope_token(service_id: str, team_id: str, agent_id: str, user: str) -> str:
 def migrate(conn: sqlite3.Connection) -> None:
     """Apply the versions of ``MIGRATIONS`` that ``conn``'s file has not had yet."""
     conn.create_function("ctxproxy_scope_token", 4, scope_token, deterministic=True)
-    # IMMEDIATE: two processes opening one new file apply each version once.
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        current = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        for version, script in MIGRATIONS:
-            if version <= current:
-                continue
-            for statement in statements(script):
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {int(version)}")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def statements(script: str) -> list[str]:
-    """Split a migration into statements (executescript would commit our transaction)."""
-    out: list[str] = []
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            out.append(buffer.strip())
-            buffer = ""
-    if buffer.strip():
-        out.append(buffer.strip())
-    return out
+    plumbing_sqlite.migrate(conn, MIGRATIONS)
 
 
 # --- rows ----------------------------------------------------------------------------------------

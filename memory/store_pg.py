@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
 from ctxproxy.memory.search import BUDGET, MAX_WORDS, RECENT, bound
 from ctxproxy.memory.vectors import REREAD, VectorIndex, VectorRow
+from ctxproxy.plumbing.pg import Pool, Schema, open_pool
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 
@@ -154,6 +155,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
 )
+_LOCK, _VERSIONS = "ctxproxy.memory", "ctxproxy_migrations"  # the advisory lock, the versions table
 _FORGET = """
 WITH gone AS (
     DELETE FROM memories WHERE memory_id = ANY(%(ids)s)
@@ -294,7 +296,7 @@ class PostgresStore:
         self._max = max_connections
         self._timeout_s = timeout_s
         self._idle = _IdleCheck(idle_check_s)
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+        self._pool: Pool | None = None
         self._stats: _Stats | None = None
         self._vectors = VectorIndex(reread=REREAD)
 
@@ -303,56 +305,21 @@ class PostgresStore:
 
     async def open(self) -> None:
         """Run pending migrations on a connection of its own, then open the pool."""
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
-            self._url,
-            min_size=1,
-            max_size=self._max,
-            open=False,
-            timeout=self._timeout_s,
-            check=self._idle.check,
-            # A statement on its own commits on its own: in a transaction it would cost a
-            # round trip for BEGIN and one for COMMIT besides its own. What must be one
-            # transaction asks for it (``_conn(atomic=True)``).
-            kwargs={"connect_timeout": max(1, round(self._timeout_s)), "autocommit": True},
-        )
         try:
-            await self._migrate()
-            await pool.open(wait=True, timeout=self._timeout_s)
+            # autocommit: a statement on its own commits on its own: in a transaction it
+            # would cost a round trip for BEGIN and one for COMMIT besides its own. What
+            # must be one transaction asks for it (``_conn(atomic=True)``).
+            self._pool = await open_pool(
+                self._url, schema(), max_size=self._max, timeout_s=self._timeout_s,
+                check=self._idle.check, autocommit=True,
+            )
         except (psycopg.Error, OSError) as exc:
-            await pool.close()
             raise StoreError(f"postgres: cannot open the memory store: {exc}") from exc
-        self._pool = pool
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
-
-    async def _migrate(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(
-            self._url, connect_timeout=max(1, round(self._timeout_s))
-        )
-        async with conn, conn.transaction():
-            # One transaction under an advisory lock: replicas starting together apply each
-            # version once; the others wait, then find nothing left to do.
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('ctxproxy.memory:' || current_schema()))"
-            )
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS ctxproxy_migrations ("
-                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxproxy_migrations")
-            row = await cur.fetchone()
-            current = int(row[0]) if row else 0
-            for version, statements in MIGRATIONS:
-                if version <= current:
-                    continue
-                for statement in statements:
-                    await conn.execute(statement)
-                await conn.execute(
-                    "INSERT INTO ctxproxy_migrations (version) VALUES (%s)", (version,)
-                )
 
     @asynccontextmanager
     async def _conn(
@@ -805,3 +772,9 @@ def _memory(row: Sequence[Any]) -> Memory:
 def _sqlstate(exc: StoreError) -> str | None:
     cause = exc.__cause__
     return cause.sqlstate if isinstance(cause, psycopg.Error) else None
+
+
+def schema() -> Schema:
+    """The versions of ``MIGRATIONS`` as they stand when a store opens (a test may cut them
+    short, to open a file as an older release left it)."""
+    return Schema(_LOCK, _VERSIONS, MIGRATIONS)

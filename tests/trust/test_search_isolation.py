@@ -42,11 +42,12 @@ async def test_a_store_from_before_scoped_search_is_migrated_and_searchable(tmp_
     import sqlite3
 
     from ctxproxy.memory import sqlite_schema, store_sqlite
+    from ctxproxy.plumbing.sqlite import statements
 
     path = tmp_path / "memory.sqlite3"
     conn = sqlite3.connect(path, isolation_level=None)
     for version, script in sqlite_schema.MIGRATIONS[:2]:
-        for statement in sqlite_schema.statements(script):
+        for statement in statements(script):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {version}")
     conn.execute(

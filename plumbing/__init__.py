@@ -1,0 +1,4 @@
+"""Plumbing the sides share: a PostgreSQL pool whose schema is migrated under an advisory
+lock, and an SQLite file's set-up (owner-only, WAL, pragmas, ``user_version`` migrations,
+immediate write transactions). Below the sides (memory, ledger, knowledge) and above the
+rendering: it knows no side's records, only connections and files."""
