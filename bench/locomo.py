@@ -51,6 +51,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from bench.harness.machine import machine, revision
 from bench.harness.results import RESULTS, write_block
@@ -63,6 +64,7 @@ from ctxproxy.injectors.memory_blocks import TAGS
 from ctxproxy.memory.model import Scope, Store
 from ctxproxy.memory.step import scope_of
 from ctxproxy.memory.words import STOPWORDS, WORD
+from ctxproxy.proxy.app import METRICS
 from ctxproxy.proxy.assemble import build_app
 from ctxproxy.proxy.memory_wiring import MEMORY, Runtime
 from ctxproxy.request import Identity
@@ -418,10 +420,17 @@ async def run(args: argparse.Namespace, data_dir: Path) -> list[tuple[Conversati
                       f"sessions, {len(done.asked)} questions, "
                       f"{time.perf_counter() - began:.0f} s", flush=True)
                 out.append((conv, done))
+        args.degraded = degraded(app)
     finally:
         await proxy.cleanup()
         await upstream.cleanup()
     return out
+
+
+def degraded(app: web.Application) -> int:
+    """How often the memory step left its block out (a slow or failing store)."""
+    return int(sum(s.value for m in app[METRICS].degraded.collect() for s in m.samples
+                   if s.name.endswith("_total") and s.labels.get("source") == "memory"))
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -473,7 +482,8 @@ def report(results: Sequence[tuple[Conversation, Replayed]], args: argparse.Name
         f"({sum(len(c.sessions) for c, _ in results)} sessions, "
         f"{sum(len(c.turns()) for c, _ in results)} dialogue turns, {len(every)} questions); "
         f"{args.per_request} dialogue turns per request ({requests} requests, {cut} of them "
-        f"forwarded with earlier messages of their session cut); recall "
+        f"forwarded with earlier messages of their session cut; memory left out "
+        f"{args.degraded} times, slow or failing); recall "
         f"{'hybrid (' + args.embeddings_url + ')' if args.embeddings_url else 'lexical'}, "
         f"default settings; tokens: {tokens.encoding_name()}.",
         "",
