@@ -14,7 +14,7 @@ Each conversation is one user's memory (its own scope) in a fresh proxy with def
 what it received. Its sessions, in their dates' order, are Codex sessions: the session's
 dialogue turns packed ``--per-request`` to a user message (default 4, two exchanges, at most
 1,800 characters: a stored turn keeps 2,000 of the prompt), one line per dialogue turn as
-``[8 May, 2023] Caroline: text`` (a shared image as its caption), each answered by the fake
+``[3 March, 2023] Ada: text`` (a shared image as its caption), each answered by the fake
 model, so the window cuts and memory stores every turn. Then each question (categories 1-4,
 and 5, adversarial: its answer is nowhere in the conversation) is the only prompt of a new
 Codex session of the same scope; what it leaves in memory is deleted before the next one.
@@ -123,7 +123,7 @@ def one_line(value: Any) -> str:
 
 
 def _session_date(raw: str) -> str:
-    """"1:56 pm on 8 May, 2023" -> "8 May, 2023"."""
+    """"1:00 pm on 3 March, 2023" -> "3 March, 2023"."""
     return raw.split(" on ", 1)[-1].strip()
 
 
