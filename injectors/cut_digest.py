@@ -16,8 +16,8 @@ __all__ = ["CutTurn", "render"]
 
 TAG = "earlier_turns"
 NOTE = ("Earlier turns of this session that ctxproxy left out of this request to save "
-        "context: the start of each prompt and the paths and names its commands and their "
-        "output used. Rerun a command if you need its output.")
+        "context: the start of each prompt and the paths and names its commands used. Rerun "
+        "a command if you need its output.")
 PROMPT_CHARS = 120
 NAMES_CHARS = 3000  # of one turn
 

@@ -6,7 +6,6 @@ import asyncio
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -15,13 +14,13 @@ from cachetools import LRUCache
 from ctxproxy.injectors import cut_digest
 from ctxproxy.injectors.bounds import whole_words
 from ctxproxy.injectors.redact import redact_all
-from ctxproxy.request import History, Identity, Item, output_text
+from ctxproxy.request import History, Identity, Item
 
 __all__ = ["Digests", "digest_message"]
 
 # The argument keys that say what a command was (Codex's exec_command, shell, apply_patch).
 COMMAND_KEYS = ("cmd", "command", "input", "patch")
-OUTPUT_SCAN_CHARS = 4000  # of each tool output, what is read for names
+SCAN_CHARS = 4000  # of each command or summary, what is read for names
 MAX_NAMES = 200  # per turn, the newest
 MAX_TURNS = 12  # the newest cut turns a digest may show
 CACHED = 1024
@@ -59,63 +58,46 @@ def _what(item: Item) -> str:
 
 
 def _names(text: str, seen: dict[str, None]) -> None:
-    """Add the names in ``text`` (its first OUTPUT_SCAN_CHARS) to ``seen``, moved to its end."""
-    for found in _NAME.findall(text[:OUTPUT_SCAN_CHARS]):
+    """Add the names in ``text`` (its first SCAN_CHARS) to ``seen``, moved to its end."""
+    for found in _NAME.findall(text[:SCAN_CHARS]):
         name = found.strip("./-")
         if len(name) >= 4:
             seen.pop(name, None)
             seen[name] = None
 
 
-@dataclass
-class _Read:
-    """A turn's texts as the digest reads them, in one list to be redacted together: the
-    texts read for names, then its prompt."""
-
-    texts: list[str] = field(default_factory=list)
-    scans: list[tuple[int, bool]] = field(default_factory=list)  # (in texts, is an output)
-
-    def add(self, text: str, is_output: bool = False) -> None:
-        # Cut before redaction, so whole words only: the cut would hide half a key.
-        self.texts.append(whole_words(text, OUTPUT_SCAN_CHARS))
-        self.scans.append((len(self.texts) - 1, is_output))
-
-
-def _read(history: History, n: int) -> _Read:
-    read = _Read()
+def _read(history: History, n: int) -> list[str]:
+    """Turn ``n``'s texts as the digest reads them: what the model itself wrote (its commands,
+    its reasoning summaries), then its prompt. Not the tool outputs: later tasks reuse the
+    names the model wrote, and an output's other names cost more than they bring back
+    (bench/RESULTS.md, Real agent runs)."""
+    texts: list[str] = []
     for item in history.turn_items(n)[1:]:
         kind = item.get("type", "message")
         if kind == "reasoning":
             summary = item.get("summary")
             if isinstance(summary, list):
-                for part in summary[:8]:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        read.add(part["text"])
+                texts.extend(part["text"] for part in summary[:8]
+                             if isinstance(part, dict) and isinstance(part.get("text"), str))
         elif isinstance(kind, str) and kind.endswith("_call"):
-            read.add(_what(item))
-        elif isinstance(kind, str) and kind.endswith("_call_output"):
-            read.add(output_text(item), is_output=True)
-    read.texts.append(whole_words(history.prompt_text(n), cut_digest.PROMPT_CHARS * 4))
-    return read
+            texts.append(_what(item))
+    # Cut before redaction, so whole words only: the cut would hide half a key.
+    texts = [whole_words(text, SCAN_CHARS) for text in texts]
+    texts.append(whole_words(history.prompt_text(n), cut_digest.PROMPT_CHARS * 4))
+    return texts
 
 
 def _cut_turn(
     history: History, n: int, clean: Callable[[Sequence[str]], list[str]]
 ) -> cut_digest.CutTurn:
-    read = _read(history, n)
     # Every text is redacted before anything is taken from it: a name pulled out of
     # "DB_PASSWORD=..." leaves the value where no rule knows it for one. Redacted together:
     # one ask of the secret rules for the whole turn (see redact_all).
-    *texts, prompt = clean(read.texts)
-    # The names the turn worked with, each once, newest last: what its outputs showed, then
-    # what the model itself wrote (its commands, its reasoning summaries), which later
-    # commands reuse most.
-    seen: dict[str, None] = {}
-    used: dict[str, None] = {}
-    for at, is_output in read.scans:
-        _names(texts[at], seen if is_output else used)
-    names = [*(name for name in seen if name not in used), *used][-MAX_NAMES:]
-    return cut_digest.CutTurn(n + 1, prompt, tuple(names))
+    *texts, prompt = clean(_read(history, n))
+    used: dict[str, None] = {}  # each name once, newest last
+    for text in texts:
+        _names(text, used)
+    return cut_digest.CutTurn(n + 1, prompt, tuple(list(used)[-MAX_NAMES:]))
 
 
 def digest_message(

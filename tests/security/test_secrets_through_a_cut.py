@@ -189,7 +189,7 @@ def cut_turn(k: int, s: Shape) -> list[Item]:
         {"type": "reasoning", "id": f"rs_shape_{k}", "encrypted_content": "gAAAA_test",
          "summary": [{"type": "summary_text", "text": f"Configure it with {s.line}"}]},
         {"type": "function_call", "name": "exec_command", "call_id": call,
-         "arguments": json.dumps({"cmd": s.line})},
+         "arguments": json.dumps({"cmd": f"touch conf/shape_{k}.yaml && {s.line}"})},
         {"type": "function_call_output", "call_id": call,
          "output": f"{s.line}\nwrote conf/shape_{k}.yaml\n{FILLER}"},
         codex.text("assistant", f"Done shape {k}: {s.line}"),
@@ -243,7 +243,7 @@ async def test_no_secret_of_a_cut_turn_reaches_the_upstream_store_ledger_capture
     assert ledger.recorder is not None
     await ledger.recorder.join()
 
-    # Each shape's turn was told in a digest, with a name its output showed, and redacted.
+    # Each shape's turn was told in a digest, with a name its command used, and redacted.
     told = "\n".join(shown)
     assert [k for k in range(len(SHAPES))
             if f"shape {k}:" not in told or f"conf/shape_{k}.yaml" not in told] == []

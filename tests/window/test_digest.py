@@ -27,7 +27,7 @@ def task(n: int, calls: int = 3, output: str = "ok") -> list[Item]:
         items += [
             {"type": "reasoning", "id": f"rs_{n}_{c}", "summary": [], "encrypted_content": "e"},
             {"type": "function_call", "name": "exec_command", "call_id": call,
-             "arguments": json.dumps({"cmd": f"grep -n helper_{n}_{c} src/"})},
+             "arguments": json.dumps({"cmd": f"grep -n helper_{n}_{c} src/shared.py"})},
             {"type": "function_call_output", "call_id": call,
              "output": f"src/found_{n}_{c}.py:12: ParserState used here\n{output}"},
         ]
@@ -67,14 +67,16 @@ async def test_a_cut_leaves_the_cut_turns_prompts_and_the_names_they_used() -> N
     first = digest.find("turn")
     assert first is not None
     assert "task 1: fix src/mod_1/core.py" in (first.findtext("prompt") or "")
-    # A map, not a transcript: the names its commands and their outputs used, no commands.
+    # A map, not a transcript: the names its commands used, no commands, nothing of what
+    # only their outputs showed.
     assert first.find("call") is None
-    assert {f"helper_1_{c}" for c in range(3)} | {"src/found_1_0.py"} <= set(
-        (first.findtext("seen") or "").split())
-    # A name both turns showed is told once, with the newer turn.
+    seen = set((first.findtext("seen") or "").split())
+    assert {f"helper_1_{c}" for c in range(3)} <= seen
+    assert not {"src/found_1_0.py", "ParserState"} & seen
+    # A name both turns used is told once, with the newer turn.
     second = digest.findall("turn")[1]
-    assert "ParserState" in (second.findtext("seen") or "")
-    assert "ParserState" not in (first.findtext("seen") or "")
+    assert "src/shared.py" in (second.findtext("seen") or "").split()
+    assert "src/shared.py" not in seen
     # It stands right before the first kept turn's prompt, after the pinned context.
     at = next(i for i, item in enumerate(sent) if is_turn_start(item))
     assert digest_of([sent[at - 1]]) is not None
