@@ -23,7 +23,7 @@ $(RUN_STAMP): pyproject.toml
 run: $(RUN_STAMP)
 	$(BIN)/ctxproxy serve
 
-## The whole test suite, with a real PostgreSQL server and the real Codex CLI.
+## The whole test suite, with a real PostgreSQL server, the real Codex CLI and Claude Code.
 test: $(STAMP)
 	@. scripts/services.sh && $(BIN)/pytest $(PYTEST_ARGS)
 

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     upstream_url: str = Field(
         "https://api.openai.com/v1", description="The real Responses API base URL."
     )
+    anthropic_url: str = Field(
+        "https://api.anthropic.com",
+        description="The real Anthropic API base URL: where /v1/messages (Claude Code) goes.",
+    )
     upstream_api_key: SecretStr | None = Field(
         None,
         description="Replaces the client's Authorization when set; unset: forward the client's.",
@@ -360,7 +364,7 @@ class Settings(BaseSettings):
         "redacted (one JSON file a request); unset: off.",
     )
 
-    @field_validator("upstream_url", "core_url", "public_url")
+    @field_validator("upstream_url", "anthropic_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:

@@ -26,9 +26,11 @@ from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from ctxproxy.proxy.pipeline import Pipeline
 from ctxproxy.proxy.sse import BodyTap, UsageTap
+from ctxproxy.proxy.sse_messages import MessagesBodyTap, MessagesTap
 from ctxproxy.proxy.upstream import Idle, Upstream
 from ctxproxy.proxy.workers import Peers
 from ctxproxy.request import Access, Answer, End, Exchange, NotAResponsesRequest, Sent, Step
+from ctxproxy.request.protocol import MESSAGES, RESPONSES, Protocol
 from ctxproxy.window.step import WindowStep
 
 log = logging.getLogger("ctxproxy")
@@ -37,6 +39,7 @@ access_log = logging.getLogger("ctxproxy.access")
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
+ANTHROPIC = web.AppKey("anthropic", Upstream)  # the Anthropic API (ANTHROPIC_URL)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
 PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
@@ -61,6 +64,7 @@ def create_app(
     *,
     steps: StepsFactory = default_steps,
     upstream: Upstream | None = None,
+    anthropic: Upstream | None = None,
     clock: Callable[[], float] = time.time,
 ) -> web.Application:
     """Build the proxy app. Clients open in cleanup contexts; nothing runs at import time.
@@ -90,10 +94,18 @@ def create_app(
             settings.upstream_connect_timeout_s,
             settings.upstream_read_timeout_s,
         )
+        other = anthropic or Upstream(
+            settings.anthropic_url,
+            settings.upstream_connect_timeout_s,
+            settings.upstream_read_timeout_s,
+        )
         await client.start()
+        await other.start()
         app[UPSTREAM] = client
+        app[ANTHROPIC] = other
         yield
         await client.close()
+        await other.close()
 
     async def on_startup(app: web.Application) -> None:
         # on_startup handlers run after every cleanup context has opened.
@@ -118,6 +130,9 @@ def create_app(
     app.router.add_get("/metrics", metrics_route, name="metrics")
     app.router.add_post("/v1/responses", responses, name="responses")
     app.router.add_post("/responses", responses, name="responses:bare")
+    app.router.add_post("/v1/messages", messages, name="messages")
+    app.router.add_route("*", "/v1/messages/{tail:.*}", anthropic_passthrough,
+                         name="anthropic")
     return app
 
 
@@ -186,12 +201,14 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
     except ProxyError as exc:
         status = exc.status
         info.error = exc.message
-        return exc.response()
+        return exc.response(_protocol(request))
     except web.HTTPException as exc:
         status = exc.status
         if exc.status == 413:
-            return BodyTooLarge(str(exc.text or "request body too large")).response()
-        return error_response(exc.status, exc.reason, "invalid_request_error", str(exc.status))
+            return BodyTooLarge(str(exc.text or "request body too large")).response(
+                _protocol(request))
+        return error_response(exc.status, exc.reason, "invalid_request_error", str(exc.status),
+                              _protocol(request))
     except ClientClosed:
         # The client hung up mid-answer: nothing to answer, and no failure of the upstream's.
         status = ClientClosed.status
@@ -223,9 +240,14 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     **info.fields(),
                 ),
             )
-        if route == "responses":  # after the line: what the steps' end costs never delays it
+        if route in ("responses", "messages"):  # after the line: its cost never delays it
             request.app[PIPELINE].ended(End(request.get(EXCHANGE), request.get(SENT), info,
                                             status, request.get(PRINCIPAL)))
+
+
+def _protocol(request: web.Request) -> Protocol:
+    """The protocol whose shape the request's errors take."""
+    return MESSAGES if request.path.startswith("/v1/messages") else RESPONSES
 
 
 def _route_name(request: web.Request) -> str:
@@ -305,7 +327,28 @@ async def read_body(request: web.Request) -> bytes:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    """POST /v1/responses: apply the pipeline, then relay.
+    """POST /v1/responses: apply the pipeline, then relay."""
+    return await through_pipeline(request, RESPONSES)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """POST /v1/messages (Anthropic Messages, Claude Code): apply the pipeline, then relay to
+    ANTHROPIC_URL."""
+    return await through_pipeline(request, MESSAGES)
+
+
+async def anthropic_passthrough(request: web.Request) -> web.StreamResponse:
+    """The other /v1/messages/... routes (count_tokens, batches), forwarded unchanged to
+    ANTHROPIC_URL."""
+    path = targets.origin_path(request.raw_path)
+    if not request.app[ROUTES].allows(request.method, upstream_path(path)):
+        return refusal()
+    body = await read_body(request) if request.body_exists else None
+    return await relay(request, path, body, protocol=MESSAGES)
+
+
+async def through_pipeline(request: web.Request, protocol: Protocol) -> web.StreamResponse:
+    """Parse the body in its protocol, apply the pipeline, then relay.
 
     Only a body the proxy cannot parse (or re-serialise losslessly) goes out as the client's
     own bytes; a step that fails is undone alone and the others' work goes out.
@@ -320,7 +363,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     client_body: dict[str, Any] | None = None
     try:
         ex = request[EXCHANGE] = await _off_loop_if_large(
-            raw, Exchange.parse, raw, request.headers, app[SETTINGS], request.get(PRINCIPAL))
+            raw, Exchange.parse, raw, request.headers, app[SETTINGS], request.get(PRINCIPAL),
+            protocol)
     except NotAResponsesRequest as exc:
         _forward_as_sent(app, info, exc)
     if ex is not None:
@@ -345,7 +389,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     request[SENT] = Sent(at, raw, body, ex, client_body,
                          ex.body if ex is not None and body is not raw else None)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
-    return await relay(request, "responses", body, tap_usage=True, ex=ex)
+    path = "responses" if protocol is RESPONSES else "v1/messages"
+    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol)
 
 
 T = TypeVar("T")
@@ -391,7 +436,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def relay(
     request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False,
-    ex: Exchange | None = None,
+    ex: Exchange | None = None, protocol: Protocol = RESPONSES,
 ) -> web.StreamResponse:
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
     pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
@@ -403,8 +448,9 @@ async def relay(
     app = request.app
     settings = app[SETTINGS]
     info = request[ACCESS]
-    upstream = app[UPSTREAM]
-    key = settings.upstream_api_key
+    upstream = app[UPSTREAM] if protocol is RESPONSES else app[ANTHROPIC]
+    # UPSTREAM_API_KEY is an OpenAI key: Anthropic's requests keep the client's own.
+    key = settings.upstream_api_key if protocol is RESPONSES else None
     headers = request_headers(
         request.headers,
         f"Bearer {key.get_secret_value()}" if key else None,
@@ -417,7 +463,7 @@ async def relay(
     completed = False
     # The steps' answering phase is failure-isolated and synchronous: it cannot raise here.
     hold = app[PIPELINE].answering(ex, upstream_response.status) if ex is not None else None
-    tap = _tap(upstream_response) if tap_usage else None
+    tap = _tap(upstream_response, protocol) if tap_usage else None
     try:
         response = web.StreamResponse(
             status=upstream_response.status,
@@ -473,18 +519,25 @@ async def relay(
             upstream_response.close()  # client gone or stream broken: drop the connection now
 
 
-def _tap(response: aiohttp.ClientResponse) -> UsageTap | BodyTap | None:
-    """What reads the answer's usage and output on the side: a stream's completed event, or a
+Tap = UsageTap | BodyTap | MessagesTap
+
+
+def _tap(response: aiohttp.ClientResponse, protocol: Protocol) -> Tap | None:
+    """What reads the answer's usage and output on the side: a stream's events, or a
     non-streamed answer's JSON body."""
     encoding = response.headers.get("Content-Encoding")
-    if response.content_type == "text/event-stream":
+    stream = response.content_type == "text/event-stream"
+    if protocol is MESSAGES:
+        return MessagesTap(encoding) if stream else (
+            MessagesBodyTap(encoding) if response.content_type == "application/json" else None)
+    if stream:
         return UsageTap(encoding)
     if response.content_type == "application/json":
         return BodyTap(encoding)
     return None
 
 
-def _count_unread(app: web.Application, tap: UsageTap | BodyTap) -> None:
+def _count_unread(app: web.Application, tap: Tap) -> None:
     if tap.skipped:
         log.debug("answer events or bodies too large to read for usage: %d relayed unread",
                   tap.skipped)
@@ -492,7 +545,7 @@ def _count_unread(app: web.Application, tap: UsageTap | BodyTap) -> None:
 
 
 def _record_usage(
-    app: web.Application, info: Access, tap: UsageTap | BodyTap, ex: Exchange | None
+    app: web.Application, info: Access, tap: Tap, ex: Exchange | None
 ) -> None:
     usage = tap.usage()
     if ex is not None and (output := tap.output()) is not None:

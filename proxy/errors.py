@@ -1,9 +1,11 @@
-"""The proxy's own errors, each mapped once, at the edge, to OpenAI-shaped JSON."""
+"""The proxy's own errors, each mapped once, at the edge, to JSON in the client protocol's
+shape (OpenAI's, or Anthropic's for /v1/messages)."""
 
 from __future__ import annotations
 
-import orjson
 from aiohttp import web
+
+from ctxproxy.request.protocol import RESPONSES, Protocol
 
 
 class ProxyError(Exception):
@@ -17,8 +19,8 @@ class ProxyError(Exception):
         super().__init__(message)
         self.message = message
 
-    def response(self) -> web.Response:
-        return error_response(self.status, self.message, self.type, self.code)
+    def response(self, protocol: Protocol = RESPONSES) -> web.Response:
+        return error_response(self.status, self.message, self.type, self.code, protocol)
 
 
 class BadRequest(ProxyError):
@@ -87,11 +89,15 @@ class ClientClosed(Exception):
     status = 499  # nginx's "client closed request", for the access log and metrics
 
 
-def error_body(message: str, type_: str, code: str) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}})
+def error_body(message: str, type_: str, code: str, protocol: Protocol = RESPONSES) -> bytes:
+    """An error in the client protocol's own shape (OpenAI's by default)."""
+    return protocol.error_body(message, type_, code)
 
 
-def error_response(status: int, message: str, type_: str, code: str) -> web.Response:
+def error_response(
+    status: int, message: str, type_: str, code: str, protocol: Protocol = RESPONSES,
+) -> web.Response:
     return web.Response(
-        status=status, body=error_body(message, type_, code), content_type="application/json"
+        status=status, body=error_body(message, type_, code, protocol),
+        content_type="application/json",
     )

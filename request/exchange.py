@@ -12,7 +12,8 @@ from multidict import CIMultiDictProxy
 
 from ctxproxy.config import Settings
 from ctxproxy.request.history import History
-from ctxproxy.request.items import Item, prompt_message
+from ctxproxy.request.items import Item
+from ctxproxy.request.protocol import RESPONSES, Protocol
 
 __all__ = [
     "Checkpoint", "Exchange", "Identity", "NotAResponsesRequest", "Notes",
@@ -65,20 +66,18 @@ class Identity:
     @classmethod
     def from_request(
         cls, headers: CIMultiDictProxy[str], body: dict[str, Any] | None, settings: Settings,
-        principal: str | None = None,
+        principal: str | None = None, protocol: Protocol = RESPONSES,
     ) -> Identity:
         body = body or {}
         meta = _turn_metadata(headers, body)
         user_key = headers.get("x-tdai-user-key") or (
             settings.user_key.get_secret_value() if settings.user_key else None
         )
-        cache_key = body.get("prompt_cache_key")
         return cls(
             team_id=headers.get("x-team-id") or settings.team_id,
             agent_id=headers.get("x-agent-id") or settings.agent_id,
             user_key=user_key or None,
-            session_id=headers.get("session-id")
-            or (cache_key if isinstance(cache_key, str) else None),
+            session_id=protocol.session(headers, body),
             turn_id=_str_or_none(meta.get("turn_id")),
             request_kind=_str_or_none(meta.get("request_kind")),
             principal=principal,
@@ -156,34 +155,37 @@ class Exchange:
     # The steps' own state for this request, by their ``request.phases.Slot`` (a step's
     # failure does not undo it: the step's later phases still see it).
     slots: dict[object, object] = field(default_factory=dict)
+    # The client's protocol, and what it needs to write the body back in its shape.
+    protocol: Protocol = RESPONSES
+    view: object = None
 
     @classmethod
     def parse(
         cls, raw: bytes, headers: CIMultiDictProxy[str], settings: Settings,
-        principal: str | None = None,
+        principal: str | None = None, protocol: Protocol = RESPONSES,
     ) -> Exchange:
+        """Read the body once. The steps see ``body`` in the Responses shape (``input``,
+        ``instructions``) whatever the protocol; ``serialise`` writes it back in the
+        client's."""
         try:
-            body = orjson.loads(raw)
+            client = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise NotAResponsesRequest(f"body is not JSON ({exc.msg})") from exc
-        if not isinstance(body, dict):
+        if not isinstance(client, dict):
             raise NotAResponsesRequest("body is not a JSON object")
-        items = body.get("input")
-        if items is not None and not isinstance(items, str | list):
-            raise NotAResponsesRequest("input is neither a string nor a list")
         try:
-            history = History(
-                [prompt_message(items)] if isinstance(items, str)
-                else items if isinstance(items, list) else []
-            )
-        except TypeError as exc:
+            body, items, view = protocol.parse(client)
+            history = History(items)
+        except (TypeError, ValueError) as exc:
             raise NotAResponsesRequest(str(exc)) from exc
         return cls(
             raw=raw,
             body=body,
-            identity=Identity.from_request(headers, body, settings, principal),
+            identity=Identity.from_request(headers, client, settings, principal, protocol),
             history=history,
             starts=list(history.starts),
+            protocol=protocol,
+            view=view,
         )
 
     @property
@@ -245,8 +247,9 @@ class Exchange:
             return self.raw
         if has_lossy_number(self.body):
             raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
+        body = self.body if self.protocol is RESPONSES else self.protocol.write_back(self)
         try:
-            return orjson.dumps(self.body)
+            return orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
             raise NotAResponsesRequest(f"the body cannot be written back: {exc}") from exc
 

@@ -1,10 +1,12 @@
-# Sourced by `make test`: makes sure a PostgreSQL server and the Codex CLI are there, and
-# exports CTXPROXY_TEST_PG_URL and CTXPROXY_TEST_CODEX for the tests, and that Chromium is
-# there for the dashboard's browser test. Installs from the package registries on first use
-# (Debian's postgresql, chromium and chromium-driver; npm's @openai/codex).
+# Sourced by `make test`: makes sure a PostgreSQL server, the Codex CLI and Claude Code are
+# there, and exports CTXPROXY_TEST_PG_URL, CTXPROXY_TEST_CODEX and CTXPROXY_TEST_CLAUDE for the
+# tests, and that Chromium is there for the dashboard's browser test. Installs from the package
+# registries on first use (Debian's postgresql, chromium and chromium-driver; npm's
+# @openai/codex and @anthropic-ai/claude-code).
 
 _ctx_root=$(pwd)
 _codex_version=${CODEX_VERSION:-0.169.0}
+_claude_version=${CLAUDE_VERSION:-2.1.328}
 
 _ctx_pg() {
     if [ -n "${CTXPROXY_TEST_PG_URL:-}" ]; then return 0; fi
@@ -40,6 +42,16 @@ _ctx_codex() {
     export CTXPROXY_TEST_CODEX="$dir/node_modules/.bin/codex"
 }
 
+_ctx_claude() {
+    if [ -n "${CTXPROXY_TEST_CLAUDE:-}" ]; then return 0; fi
+    local dir="$_ctx_root/.cache/claude-code-$_claude_version"
+    if [ ! -x "$dir/node_modules/.bin/claude" ]; then
+        echo "services: installing @anthropic-ai/claude-code@$_claude_version (npm)" >&2
+        mkdir -p "$dir" && npm install --silent --no-audit --no-fund --prefix "$dir" "@anthropic-ai/claude-code@$_claude_version" >/dev/null || return 1
+    fi
+    export CTXPROXY_TEST_CLAUDE="$dir/node_modules/.bin/claude"
+}
+
 _ctx_chromium() {
     # The dashboard's browser test drives Debian's Chromium through chromedriver.
     if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
@@ -52,4 +64,5 @@ _ctx_chromium() {
 
 _ctx_pg || echo "services: PostgreSQL could not be started" >&2
 _ctx_codex || echo "services: the Codex CLI could not be installed" >&2
+_ctx_claude || echo "services: Claude Code could not be installed" >&2
 _ctx_chromium || echo "services: Chromium could not be installed" >&2

@@ -1,0 +1,167 @@
+"""The client protocols a request may speak, each a small object: how its body is read into
+the items every step reads (``parse``), written back (``write_back``), which session it
+belongs to, how its errors look, and how its answer reports usage and output.
+
+OpenAI Responses (Codex) and Anthropic Messages (Claude Code) today; Chat Completions would
+be a third object of the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ctxproxy.request import messages as messages_
+from ctxproxy.request.items import Item, prompt_message
+
+if TYPE_CHECKING:
+    from ctxproxy.request.exchange import Exchange
+
+__all__ = ["MESSAGES", "RESPONSES", "Messages", "Protocol", "Responses"]
+
+
+class Protocol:
+    """What the pipeline needs to know of one client protocol (the Responses API's answers
+    by default)."""
+
+    name = "responses"
+    # The provider caches a prompt only at the client's cache marks (Anthropic's
+    # cache_control): the window prices a cut as for BREAKPOINT_MODELS.
+    caches_at_marks = False
+    # The body's key for the items every step reads, in the body the steps see.
+    items_key = "input"
+
+    def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
+        """The body the steps see, its items, and what writing back needs. Raises ValueError
+        for a shape the pipeline cannot read, TypeError for items that are not objects."""
+        items = body.get("input")
+        if items is not None and not isinstance(items, str | list):
+            raise ValueError("input is neither a string nor a list")
+        return (body, [prompt_message(items)] if isinstance(items, str)
+                else items if isinstance(items, list) else [], None)
+
+    def write_back(self, ex: Exchange) -> dict[str, Any]:
+        """The body to forward, in this protocol's shape."""
+        return ex.body
+
+    def session(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        cache_key = body.get("prompt_cache_key")
+        return headers.get("session-id") or (cache_key if isinstance(cache_key, str) else None)
+
+    def error_body(self, message: str, type_: str, code: str) -> bytes:
+        return orjson.dumps(
+            {"error": {"message": message, "type": type_, "code": code, "param": None}})
+
+    def usage(self, answer: dict[str, Any] | None) -> dict[str, int] | None:
+        """input (cached and written included), cached, cache-written and output tokens of an
+        answer, the Responses way (``proxy.sse`` reads Responses answers itself)."""
+        return None
+
+    def output(self, answer: dict[str, Any] | None) -> list[Item] | None:
+        return None
+
+
+class Responses(Protocol):
+    """OpenAI Responses: the body is the view."""
+
+
+class Messages(Protocol):
+    """Anthropic Messages (``request.messages``)."""
+
+    name = "messages"
+    caches_at_marks = True
+
+    def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
+        items, view = messages_.parse(body)
+        # ``messages`` becomes ``input`` where it stands: written back, the keys keep their order.
+        seen = {("input" if k == "messages" else k): (items if k == "messages" else v)
+                for k, v in body.items() if k != "input"}
+        return seen, items, view
+
+    def write_back(self, ex: Exchange) -> dict[str, Any]:
+        """The Messages body: the items as messages, ``instructions`` at the end of ``system``,
+        and after a cut (or a block the proxy pins before the first turn) the cache marks."""
+        view = ex.view
+        assert isinstance(view, messages_.MessagesView)
+        items = ex.items or []
+        first = ex.starts[0] if ex.starts else len(items)
+        # The end of the agent's context: the last of the client's items before the first
+        # forwarded prompt (the window pins context wherever it stood).
+        head_end = next((items[i] for i in range(first - 1, -1, -1)
+                         if id(items[i]) in view.origins), None)
+        messages, (head_at, stable_at) = messages_.write_back(
+            view, items, (head_end, ex.stable_block))
+        system = messages_.system_blocks(ex.body.get("system"), ex.body.get("instructions"))
+        if ex.first_turn or stable_at is not None:
+            system, messages = messages_.marks(
+                system, messages, [head_at if head_at is not None else -1, stable_at])
+        out: dict[str, Any] = {}
+        for key, value in ex.body.items():
+            if key == "input":
+                out["messages"] = messages
+            elif key == "system":
+                out["system"] = system
+            elif key != "instructions":
+                out[key] = value
+        if "system" not in out and system is not None:
+            out["system"] = system
+        return out
+
+    def session(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        """Claude Code's ``X-Claude-Code-Session-Id``, or the session in ``metadata.user_id``
+        (a JSON string)."""
+        found = headers.get("x-claude-code-session-id")
+        if found:
+            return found
+        meta = body.get("metadata")
+        user_id = meta.get("user_id") if isinstance(meta, dict) else None
+        if not isinstance(user_id, str) or not user_id.startswith("{"):
+            return None
+        try:
+            parsed = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        session = parsed.get("session_id") if isinstance(parsed, dict) else None
+        return session if isinstance(session, str) and session else None
+
+    def error_body(self, message: str, type_: str, code: str) -> bytes:
+        return orjson.dumps({"type": "error", "error": {"type": _ERROR_TYPES.get(
+            code, type_ if type_ in _ANTHROPIC_TYPES else "api_error"), "message": message}})
+
+    def usage(self, answer: dict[str, Any] | None) -> dict[str, int] | None:
+        """A Messages usage the Responses way: Anthropic's ``input_tokens`` leaves out what
+        the cache read and wrote; the ledger's input tokens hold them."""
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        fresh, read, written, out = (_int(usage.get(k)) for k in (
+            "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+            "output_tokens"))
+        return {"input_tokens": fresh + read + written, "cached_tokens": read,
+                "cache_write_tokens": written, "output_tokens": out}
+
+    def output(self, answer: dict[str, Any] | None) -> list[Item] | None:
+        content = answer.get("content") if isinstance(answer, dict) else None
+        return messages_.output_items(content) if isinstance(content, list) else None
+
+
+# The proxy's own error codes as Anthropic's error types.
+_ERROR_TYPES = {
+    "request_too_large": "request_too_large", "invalid_api_key": "authentication_error",
+    "identity_not_allowed": "permission_error", "origin_not_allowed": "permission_error",
+    "upstream_unreachable": "api_error", "upstream_timeout": "api_error",
+}
+_ANTHROPIC_TYPES = frozenset({
+    "invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+    "request_too_large", "rate_limit_error", "api_error", "overloaded_error",
+})
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+RESPONSES = Responses()
+MESSAGES = Messages()
