@@ -89,7 +89,10 @@ class Search:
         now: float | None,
     ) -> tuple[list[Any], int]:
         """The ranked rows (each with its score and coverage last), and how many lexemes
-        were looked for; in a transaction of ``conn`` (its SET LOCAL ends with it)."""
+        were looked for; in a transaction of ``conn`` (its SET LOCAL ends with it).
+
+        Over 60 lines: which lexemes to look for and the bounded query made of them are one
+        transaction's statements, read in the order they run."""
         cur = await conn.execute(_LEXEMES, (clean(query[:MAX_QUERY_CHARS]),))
         lexemes = [str(row[0]) for row in await cur.fetchall()]
         if not lexemes:
