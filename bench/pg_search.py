@@ -35,7 +35,7 @@ import psycopg
 from bench.harness.machine import machine
 from bench.harness.postgres import fresh_schema
 from bench.harness.results import write_block
-from ctxproxy.memory import store_pg
+from ctxproxy.memory import pg_search
 from ctxproxy.memory.model import Memory, Scope
 from ctxproxy.memory.store_pg import PostgresStore
 
@@ -45,7 +45,7 @@ END = "<!-- pg-search:end -->"
 SCOPE = Scope("bench", "team", "agent", "user")
 VOCABULARY = 4000
 # The ranking statement before the thirteenth session: the tsvector read at each use.
-_EACH_USE = store_pg._RANKED.replace("d.v", "m.tsv").replace(
+_EACH_USE = pg_search._RANKED.replace("d.v", "m.tsv").replace(
     "CROSS JOIN LATERAL (SELECT m.tsv || ''::tsvector AS v OFFSET 0) AS d\n", "")
 assert "d.v" not in _EACH_USE and "LATERAL" not in _EACH_USE, "the ranking statement changed"
 
@@ -77,9 +77,9 @@ async def _variant(base: str, name: str, memories: list[Memory], questions: list
                     conn.execute("ALTER INDEX memories_tsv SET (fastupdate = on)")
             for at in range(0, len(memories), 50):
                 await store.upsert(memories[at : at + 50])
-            ranked = _EACH_USE if name == "each use detoasts" else store_pg._RANKED
+            ranked = _EACH_USE if name == "each use detoasts" else pg_search._RANKED
             times = []
-            with mock.patch.object(store_pg, "_RANKED", ranked):
+            with mock.patch.object(pg_search, "_RANKED", ranked):
                 for question in questions:
                     start = time.perf_counter()
                     await store.search(SCOPE, question, now=1_800_000_000.0)

@@ -331,10 +331,9 @@ class Settings(BaseSettings):
         "question's words (RECALL_MIN_SCORE) needs to be recalled; model-dependent. Chosen "
         "with all-MiniLM-L6-v2 (bench/RESULTS.md, Hybrid recall): the most facts recalled on "
         "bench/paraphrases.py's derive set among the gates that keep bench.economics at or "
-        "under the cost of going direct at every length. With that model a fact's best chunk "
-        "scores 0.23 / 0.37 / 0.53 at p10 / p50 / p90, and the nearest memory to a question "
-        "whose answer is in none 0.25 / 0.32 / 0.36: no gate keeps that noise out without "
-        "losing facts.",
+        "under the cost of going direct at every length. With that model the scores of facts "
+        "and of the nearest memories to questions whose answer is in none overlap (the same "
+        "section): no gate keeps that noise out without losing facts.",
     )
 
     # --- stats: the request ledger (ctxproxy stats, /ui) -------------------------------------

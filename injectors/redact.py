@@ -276,9 +276,10 @@ def redact_all(texts: Sequence[str]) -> list[str]:
     breaks, and each text on its own only when the sets find something there.
 
     Each ask of a set lets the GIL go, and taking it back costs a worker thread up to the
-    switch interval (5 ms) while another thread (the event loop) runs Python: asked one
-    sentence at a time, 30 sentences took hundreds of times as long beside a busy thread as
-    alone (bench/gil_convoy.py). Whatever a set matches in one text it matches in the joined one:
+    switch interval while another thread (the event loop) runs Python: asked one sentence at
+    a time, sentences took many times as long beside a busy thread as alone
+    (bench/gil_convoy.py; bench/RESULTS.md, The event loop beside worker threads).
+    Whatever a set matches in one text it matches in the joined one:
     where a pattern holds a text's start or end, it also takes a line break there (as
     whitespace, a non-word character, or a class that leaves it out); a match across two
     texts only sends them one by one."""

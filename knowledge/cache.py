@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from cachetools import LRUCache
+from ctxproxy.plumbing.lru import SizedLRU
 
 __all__ = ["How", "TtlCache"]
 
@@ -34,10 +34,9 @@ class TtlCache(Generic[K, V]):
         self, *, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024,
         size_of: Callable[[V], int] = lambda value: 1, clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._entries: LRUCache[K, _Entry[V]] = LRUCache(max_entries)
-        self._max_bytes = max_bytes
+        self._entries: SizedLRU[K, _Entry[V]] = SizedLRU(
+            max_entries, max_bytes, size_of=lambda entry: entry.size)
         self._size_of = size_of
-        self.bytes = 0
         self._inflight: dict[K, asyncio.Task[V]] = {}
         self._clock = clock
 
@@ -64,25 +63,18 @@ class TtlCache(Generic[K, V]):
         finally:
             self._inflight.pop(key, None)
 
+    @property
+    def bytes(self) -> int:
+        """The values' bytes as ``size_of`` counts them."""
+        return self._entries.bytes
+
     def _store(self, key: K, value: V, ttl: float) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old.size
-        size = self._size_of(value)
-        if size > self._max_bytes:
-            return
-        while self._entries and (len(self._entries) >= self._entries.maxsize
-                                 or self.bytes + size > self._max_bytes):
-            _, gone = self._entries.popitem()
-            self.bytes -= gone.size
-        self._entries[key] = _Entry(value, self._clock() + ttl, size)
-        self.bytes += size
+        self._entries.put(key, _Entry(value, self._clock() + ttl, self._size_of(value)))
 
     def clear(self) -> None:
         """Forget every value. Loads under way still store theirs when they end: a caller
         that must not be served one keys its lookups anew (as ``Discovery`` does)."""
         self._entries.clear()
-        self.bytes = 0
 
     async def close(self) -> None:
         """Cancel loads still running (at shutdown) and wait for them to end."""

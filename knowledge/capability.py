@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -70,8 +71,14 @@ def _period(key: CapabilityKey, now: float) -> int:
 
 def mint(key: CapabilityKey, grant: Grant, *, now: float) -> str:
     """The token for ``grant`` in the period ``now`` falls in (the same all period long)."""
+    return _minted(key, grant, _period(key, now))
+
+
+# Every request of a session lists the same grants in the same period: minted once.
+@functools.lru_cache(maxsize=4096)
+def _minted(key: CapabilityKey, grant: Grant, period: int) -> str:
     payload = orjson.dumps([grant.service_id, grant.team_id, grant.agent_id, grant.user,
-                            grant.knowledge_id, _period(key, now)])
+                            grant.knowledge_id, period])
     return f"{_PREFIX}.{_b64(payload)}.{_b64(_mac(key, payload))}"
 
 

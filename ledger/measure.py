@@ -4,15 +4,16 @@ Every request's bodies are measured part by part: each part serialised and diges
 tokens counted once (``ledger.counterfactual``). That is CPU in proportion to the bodies,
 most of it holding the GIL (orjson keeps it). In a thread of the worker it makes every system
 call of the worker's event loop wait for the GIL (bench/gil_convoy.py: pipe round trips drop
-from 300,000 a second to under 15,000 beside it), and the loop relays every stream. So the
+by an order of magnitude beside it; bench/RESULTS.md, The event loop beside worker threads),
+and the loop relays every stream. So the
 workers count in a child process of their own (``InProcess``): the same cores, not the same
 GIL. The child takes the bytes and parses them again, which costs more CPU than counting the
 bodies the worker already parsed (``InThread``, for the tests and for
 ``CTXPROXY_STATS_PROCESS=false``); it runs at the lowest priority, so a saturated machine
 serves the streams first and lets the rows wait (the recorder drops what does not fit,
-counted). Measured (bench/load.py, agent shape, 200 sessions, 2 workers): added TTFB p99
-167-252 ms over four runs, against 201-555 ms over eight counting in a thread, and 111 ms
-with no rows at all; at nice 5 the child took enough of the cores to leave 229 ms.
+counted). Measured with bench/load.py (agent shape, 2 workers): a lower added TTFB p99 than
+counting in a thread, and than a child at a milder priority (bench/RESULTS.md, Load; Ledger
+CPU).
 """
 
 from __future__ import annotations

@@ -47,21 +47,21 @@ log = logging.getLogger("ctxproxy.memory")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-# Two: the threads share the GIL with the loop, so more only take turns at it (4 and 1
-# measured the same under bench/load.py); two keep a turn's recall from waiting behind one
+# Two: the threads share the GIL with the loop, so more only take turns at it (bench/load.py
+# could not tell 4 from 1: bench/RESULTS.md, Load); two keep a turn's recall from waiting behind one
 # long ingest job.
 THREADS = 2
 # Characters of input below which a call runs in place: from microseconds (a query's
 # questions) to a few milliseconds (a recall's snippets and token counts). Its trip to a
-# thread cost a new turn p50 5 ms and p99 50 ms under bench/load.py's chat shape, for 0.01 ms
-# of work (the thread waits for the GIL, up to the switch interval, and its answer for the
-# loop; bench/RESULTS.md, Load), and pure Python holds the GIL in the thread as on the loop:
+# thread cost a new turn far more than such work under bench/load.py's chat shape (the thread
+# waits for the GIL, up to the switch interval, and its answer for the loop; bench/RESULTS.md,
+# Load), and pure Python holds the GIL in the thread as on the loop:
 # a thread only cuts long work into slices. The bound keeps what the loop does per call a
 # constant.
 SMALL = 32 * 1024
 # A pass over a request's history (splitting it into turns, keying its answered turn) runs in
 # place below both: each item costs a few microseconds of Python, and the text it digests
-# (at C speed, about a millisecond per 300 KB) is at most the request's bytes.
+# (at C speed) is at most the request's bytes.
 SMALL_ITEMS = 512
 SMALL_BODY = 256 * 1024
 
@@ -169,8 +169,8 @@ class Child:
 
     In a thread of the worker, that work holds the worker's GIL: each system call of the event
     loop (a relayed chunk's read and write) waits for it (bench/gil_convoy.py), and after a
-    restart the backlog of 200 sessions' episodes slowed every stream for seconds
-    (bench/RESULTS.md, Load). Here it takes the same cores at the lowest priority, not the
+    restart the backlog of the sessions' episodes slowed every stream (bench/RESULTS.md,
+    Load). Here it takes the same cores at the lowest priority, not the
     GIL. The functions are pure: the same records come back as a thread would make."""
 
     def __init__(self) -> None:
@@ -178,9 +178,9 @@ class Child:
 
     async def start(self) -> None:
         """Spawn the child now and wait, up to START_WAIT_S, until it is ``warm``: spawned on
-        the first turns after a start, it took 0.5-2.2 s over their episodes, by which time
-        bench.recall's sessions had asked for them. A failure is left for the first call to
-        find."""
+        the first turns after a start, it took long enough over their episodes that
+        bench.recall's sessions had asked for them (bench/RESULTS.md, Memory recall). A
+        failure is left for the first call to find."""
         try:
             started = self._submit(warm)
         except ChildUnavailable:
@@ -233,8 +233,8 @@ def _start_child(parent: int) -> None:
 
 def warm() -> None:
     """Load what the background work (episodes, distillation's parsing) would load on its
-    first call: the modules and the redaction patterns (about 0.2 s to compile). Not the
-    tokenizer: that work counts no tokens, and it would take about 50 MiB more a child."""
+    first call: the modules and the redaction patterns (compiled once). Not the tokenizer:
+    that work counts no tokens, and it would take tens of MiB more a child."""
     importlib.import_module("ctxproxy.memory.ingest")
     importlib.import_module("ctxproxy.memory.distill")
     redact("")

@@ -7,8 +7,9 @@ come, first served, a turn that waited at one hop queues again at the next behin
 that arrived meanwhile, and its write to the store waits behind every episode write handed in
 before it. So a lane serves work by when the user turn it is for began (``turn``): a turn
 under way goes before one that just arrived, at every hop. Measured: a turn's write behind a
-restart's backlog of episode writes, p90 50 -> 15 ms (bench/lanes.py); bench/load.py did not
-tell the two orders apart, its lanes seldom hold a queue (bench/RESULTS.md, Load).
+restart's backlog of episode writes waits less (bench/lanes.py; bench/RESULTS.md, A turn's
+write behind episode writes); bench/load.py did not tell the two orders apart, its lanes
+seldom hold a queue (bench/RESULTS.md, Load).
 
 A turn's work is due when the turn began only while its request can still use it: once the
 turn's budget has passed (``turn``'s ``budget_s``), its request has gone without this turn's
@@ -23,10 +24,9 @@ Work that no request waits for (storing episodes, distillation, refreshing TTLs:
 is due ``BACKGROUND_DELAY_S`` after it was handed in: a turn's writes go before the episode
 writes handed in less than that before them, and the backlog still moves, waiting at most that
 much longer than request work handed in at the same time. Work of neither kind is due when it
-is handed in. Measured on a restart (bench/load.py's warm-up, agent shape, 200 sessions, 2
-workers; bench/RESULTS.md, Load): turns without memory in time 158 on average over six runs
-with both, against 181 over seven before (a delay of 0.5 s, no late turns put back), 189 over
-three with the 5 s delay alone and 195 over three with the late turns alone.
+is handed in. Measured on a restart (bench/load.py's warm-up, agent shape, 2 workers;
+bench/RESULTS.md, Load): fewer turns went without memory in time with both than with a
+shorter delay and no late turns put back, or with either change alone.
 """
 
 from __future__ import annotations

@@ -164,9 +164,8 @@ class _Text:
         self.labels = tuple(_label_chars(line) for line in self.low_lines)
         self._words: dict[str, tuple[int, ...]] = {}
         # About the bytes held: the text, its lines and their lower case (the key and this),
-        # each line's entries, and the words remembered. For 1,000 of bench.load's episodes
-        # (2 KB each) asked 8 questions each, tracemalloc saw 15 MB and their texts 2 MB; this
-        # says 21 MB.
+        # each line's entries, and the words remembered; an over-estimate of what tracemalloc
+        # saw for bench.load's episodes, on the safe side for the cache's byte budget.
         self.size = 5 * len(text) + 160 * len(self.lines) + 100 * WORDS_PER_TEXT
 
     def lines_with(self, word: str) -> tuple[int, ...]:

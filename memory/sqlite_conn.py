@@ -30,10 +30,9 @@ T = TypeVar("T")
 _BUSY_TIMEOUT_S = 5.0
 _CACHE_KIB = 32 * 1024
 # Each write transaction adds a segment to the full-text index, and a search reads every
-# segment for each of its words. FTS5's own merging (automerge) lags behind single-row writes:
-# up to 16 segments at 800 memories, 21 in a load run's store at 3,000. Merging up to 16 pages
-# at the end of each write keeps them at 6 or fewer, for about a fifth more CPU a write; the
-# search statement on 6 segments takes about a fifth less than on 21 (bench/RESULTS.md, Load).
+# segment for each of its words. FTS5's own merging (automerge) lags behind single-row writes,
+# and segments pile up in a load run's store. Merging up to 16 pages at the end of each write
+# keeps them few, for a little more CPU a write and a faster search (bench/RESULTS.md, Load).
 _FTS_MERGE = "INSERT INTO memories_fts (memories_fts, rank) VALUES ('merge', 16)"
 # Reader threads (and connections) per store, in two lanes: full-text searches (a few ms of
 # SQLite each, one per turn) and the quick reads (list, get, stored: a turn makes several),
@@ -76,7 +75,7 @@ class Threads:
             conn = open_file(self.path, _BUSY_TIMEOUT_S, pragmas=(
                 SYNC_NORMAL,
                 # A search touches a few thousand rows and index pages spread over the file;
-                # SQLite's default 2 MB page cache made each touch a copy from the OS cache.
+                # SQLite's default page cache (2 MiB) made each touch a copy from the OS cache.
                 f"PRAGMA cache_size=-{_CACHE_KIB}",
             ), setup=migrate)
         except OSError as exc:

@@ -67,9 +67,9 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (
         2,
         # Recall lists a session's records and a scope's records of one type on every turn;
-        # with only (scope, updated_at) to go by, that walked the whole scope (120 ms at
-        # 50k records). Ingest rewrites a record when only its in_window flag changed:
-        # re-indexing the same text churned the FTS index for nothing.
+        # with only (scope, updated_at) to go by, that walked the whole scope. Ingest
+        # rewrites a record when only its in_window flag changed: re-indexing the same text
+        # churned the FTS index for nothing.
         """
         CREATE INDEX memories_scope_session_type ON memories (service_id, team_id, agent_id,
             user_ref, session_id, type, updated_at DESC, memory_id DESC);
@@ -191,8 +191,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         # The full-text index keeps which column holds each word, not where in it (detail=
         # column): a search matches single words (memory.sqlite_search's ``_phrase``) and the
         # scope column, never a phrase of several, and the positions were half the index. A
-        # search on a load run's store: the same hits, about a quarter less time
-        # (bench/RESULTS.md, Load). The triggers write to the table by name: the new one takes
+        # search on a load run's store: the same hits, in less time (bench/RESULTS.md,
+        # Load). The triggers write to the table by name: the new one takes
         # their writes.
         """
         DROP TABLE memories_fts;

@@ -1,6 +1,7 @@
 """The PostgreSQL memory store: one database that many proxy replicas share.
 
-psycopg 3 async over a connection pool. Full-text search is a generated ``tsvector`` column
+psycopg 3 async over a connection pool; the schema and rows are in ``memory.pg_schema``, the
+search in ``memory.pg_search``. Full-text search is a generated ``tsvector`` column
 with a GIN index, ranked with ``ts_rank``. Writes are idempotent upserts on
 (scope, type, key), so two replicas ingesting the same session converge on one record per key.
 Every driver error leaves this module as ``StoreError``.
@@ -14,148 +15,28 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
-from ctxproxy.memory.search import BUDGET, MAX_WORDS, RECENT, bound
-from ctxproxy.memory.vectors import REREAD, VectorIndex, VectorRow
-from ctxproxy.plumbing.pg import Pool, Schema, open_pool
-
-__all__ = ["MIGRATIONS", "PostgresStore"]
-
-# Versioned schema. Append new versions; never edit an applied one.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (
-        1,
-        (
-            """
-            CREATE TABLE memories (
-                memory_id  text PRIMARY KEY,
-                type       text NOT NULL CHECK (type IN ('working', 'episodic', 'semantic')),
-                service_id text NOT NULL,
-                team_id    text NOT NULL,
-                agent_id   text NOT NULL,
-                user_ref   text NOT NULL,
-                key        text NOT NULL,
-                text       text NOT NULL,
-                session_id text,
-                turn_index integer,
-                in_window  boolean NOT NULL DEFAULT false,
-                sources    text[] NOT NULL DEFAULT '{}',
-                attrs      jsonb NOT NULL DEFAULT '{}',
-                created_at double precision NOT NULL,
-                updated_at double precision NOT NULL,
-                expires_at double precision,
-                -- Only the head of a huge text is indexed: a tsvector is capped at 1 MB.
-                tsv tsvector GENERATED ALWAYS AS
-                    (to_tsvector('english'::regconfig, left(text, 100000))) STORED,
-                CONSTRAINT memories_scope_type_key
-                    UNIQUE (service_id, team_id, agent_id, user_ref, type, key)
-            )
-            """,
-            "CREATE INDEX memories_tsv ON memories USING gin (tsv)",
-            """CREATE INDEX memories_scope_updated
-                   ON memories (service_id, team_id, agent_id, user_ref, updated_at DESC)""",
-            "CREATE INDEX memories_updated ON memories (updated_at DESC)",
-            "CREATE INDEX memories_session ON memories (session_id) WHERE session_id IS NOT NULL",
-        ),
-    ),
-    (
-        2,
-        (
-            # The four scope columns go together (an agent belongs to one team): without
-            # this the planner multiplies their selectivities, takes a scope holding half
-            # the table for a small one and ANDs a bitmap of all of it into every search.
-            """CREATE STATISTICS memories_scope (dependencies, ndistinct)
-                   ON service_id, team_id, agent_id, user_ref FROM memories""",
-            "ANALYZE memories",
-        ),
-    ),
-    (
-        3,
-        (
-            # Forget sticks: a forgotten record leaves a tombstone (its scope, type and key,
-            # no text), and a row with that key is never inserted again, by any replica.
-            """
-            CREATE TABLE forgotten (
-                service_id   text NOT NULL,
-                team_id      text NOT NULL,
-                agent_id     text NOT NULL,
-                user_ref     text NOT NULL,
-                type         text NOT NULL,
-                key          text NOT NULL,
-                forgotten_at double precision NOT NULL,
-                PRIMARY KEY (service_id, team_id, agent_id, user_ref, type, key)
-            )
-            """,
-            """
-            CREATE FUNCTION memories_forgotten() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF EXISTS (SELECT 1 FROM forgotten f WHERE f.service_id = NEW.service_id
-                        AND f.team_id = NEW.team_id AND f.agent_id = NEW.agent_id
-                        AND f.user_ref = NEW.user_ref AND f.type = NEW.type
-                        AND f.key = NEW.key) THEN
-                    RETURN NULL;
-                END IF;
-                RETURN NEW;
-            END $$
-            """,
-            """CREATE TRIGGER memories_forgotten BEFORE INSERT ON memories
-                   FOR EACH ROW EXECUTE FUNCTION memories_forgotten()""",
-        ),
-    ),
-    (
-        4,
-        (
-            # Hybrid recall: each chunk's vector (memory.vectors), cached by its digest; gone
-            # with its memory, and with its text when that changes. seq only grows (though
-            # not in commit order: memory.vectors reads a stretch back again).
-            """
-            CREATE TABLE memory_vectors (
-                seq       bigserial PRIMARY KEY,
-                memory_id text NOT NULL REFERENCES memories (memory_id) ON DELETE CASCADE,
-                chunk     integer NOT NULL,
-                start_at  integer NOT NULL,
-                end_at    integer NOT NULL,
-                model     text NOT NULL,
-                digest    text NOT NULL,
-                vector    bytea NOT NULL,
-                UNIQUE (memory_id, model, chunk)
-            )
-            """,
-            "CREATE INDEX memory_vectors_digest ON memory_vectors (model, digest)",
-            """CREATE FUNCTION ctxproxy_memory_text_changed() RETURNS trigger
-               LANGUAGE plpgsql AS $$
-               BEGIN
-                   DELETE FROM memory_vectors WHERE memory_id = NEW.memory_id;
-                   RETURN NEW;
-               END $$""",
-            """CREATE TRIGGER memories_text_changed AFTER UPDATE OF text ON memories
-               FOR EACH ROW WHEN (OLD.text IS DISTINCT FROM NEW.text)
-               EXECUTE FUNCTION ctxproxy_memory_text_changed()""",
-        ),
-    ),
-    (
-        5,
-        (
-            # GIN's fast update puts new entries in a pending list, unsorted, that every
-            # search reads whole until a vacuum (or 4 MB of it) merges it into the index:
-            # with memories written all the time, a probe of a few lexemes took 30-50 ms
-            # (bench/RESULTS.md, Load). Written straight into the index, an insert costs a
-            # little more (off the request path: episodes are stored in the background).
-            "ALTER INDEX memories_tsv SET (fastupdate = off)",
-            "SELECT gin_clean_pending_list('memories_tsv'::regclass)",
-        ),
-    ),
+from ctxproxy.memory.pg_schema import (
+    COLUMNS,
+    M_COLUMNS,
+    conflict_key,
+    memory_of,
+    row_params,
+    schema,
 )
-_LOCK, _VERSIONS = "ctxproxy.memory", "ctxproxy_migrations"  # the advisory lock, the versions table
+from ctxproxy.memory.pg_search import Search, hits
+from ctxproxy.memory.vectors import REREAD, VectorIndex, VectorRow
+from ctxproxy.plumbing.pg import Pool, open_pool
+
+__all__ = ["PostgresStore"]
+
 _FORGET = """
 WITH gone AS (
     DELETE FROM memories WHERE memory_id = ANY(%(ids)s)
@@ -166,12 +47,8 @@ WITH gone AS (
 SELECT count(*) FROM gone
 """
 
-_COLUMNS = (
-    "memory_id, type, service_id, team_id, agent_id, user_ref, key, text, session_id, "
-    "turn_index, in_window, sources, attrs, created_at, updated_at, expires_at"
-)
 _UPSERT = f"""
-INSERT INTO memories ({_COLUMNS})
+INSERT INTO memories ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT ON CONSTRAINT memories_scope_type_key DO UPDATE SET
     -- A purged record (memory/forget.py) keeps its text: a resent turn must not write the
@@ -184,60 +61,8 @@ ON CONFLICT ON CONSTRAINT memories_scope_type_key DO UPDATE SET
     attrs = CASE WHEN memories.attrs ? 'purged' THEN memories.attrs ELSE EXCLUDED.attrs END,
     updated_at = EXCLUDED.updated_at,
     expires_at = EXCLUDED.expires_at
-RETURNING {_COLUMNS}
+RETURNING {COLUMNS}
 """
-_M_COLUMNS = ", ".join("m." + c.strip() for c in _COLUMNS.split(","))
-_FILTERS = """m.service_id = %(service_id)s AND m.team_id = %(team_id)s
-      AND m.agent_id = %(agent_id)s AND m.user_ref = %(user_ref)s
-      AND m.type = ANY(%(types)s) AND (m.expires_at IS NULL OR m.expires_at > %(now)s)"""
-# The question is parsed by the same configuration as the documents; its first 64 lexemes
-# are OR-ed, since a question shares only some words with the memory that answers it.
-# Which of these lexemes (tsquery operands) any memory holds: one GIN probe each.
-_PRESENT = """
-SELECT p.part FROM unnest(%(parts)s::text[]) AS p(part)
-WHERE EXISTS (SELECT 1 FROM memories m WHERE m.tsv @@ p.part::tsquery)
-"""
-_PRESENCE_FACTOR = 4  # lexemes looked up at a time: this many times MAX_WORDS, rarest first
-_LEXEMES = """
-SELECT lexeme FROM unnest(to_tsvector('english'::regconfig, %s)) ORDER BY positions[1] LIMIT 64
-"""
-# How common each lexeme is, from the statistics ANALYZE (autovacuum) keeps for the planner.
-_STATS = """
-SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-LEFT JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
-    AND s.attname = 'tsv'
-WHERE c.oid = 'memories'::regclass
-"""
-# Bounded as in the SQLite store (see memory.store_sqlite.bound): every match of the rarer
-# lexemes (found through the GIN index alone: the scope index would add a bitmap of the
-# whole scope), the newest matches of the commoner ones (a walk down the scope index), then
-# ranked exactly: first how many of the question's lexemes a record holds, then ts_rank.
-# The scope is part of each candidate query, before its cap: another scope's volume never
-# fills the cap (one tenant hiding another's memories).
-_RARE = f"""rare AS MATERIALIZED (
-    SELECT m.memory_id FROM memories m WHERE m.tsv @@ %(rare)s::tsquery AND {_FILTERS}
-    LIMIT %(cap)s
-)"""
-_RECENT = f"""recent AS MATERIALIZED (
-    SELECT m.memory_id FROM memories m WHERE {_FILTERS} AND m.tsv @@ %(common)s::tsquery
-    ORDER BY m.updated_at DESC LIMIT %(recent)s
-)"""
-_RANKED = f"""
-SELECT {_M_COLUMNS}, ts_rank(d.v, %(all)s::tsquery, 1) AS score,
-       (SELECT count(*) FROM unnest(%(parts)s::tsquery[]) AS p(part) WHERE d.v @@ p.part)
-           AS coverage
-FROM memories m
--- A row's tsvector decompressed once, not at each of its nine uses (a third of the ranking's
--- time for a thousand candidates of a few KB each).
-CROSS JOIN LATERAL (SELECT m.tsv || ''::tsvector AS v OFFSET 0) AS d
--- An array, not a join: joined, the planner would rather read the whole scope than look up
--- the few candidates by key.
-WHERE m.memory_id = ANY(ARRAY(SELECT memory_id FROM pool)) AND {_FILTERS}
-ORDER BY coverage DESC, score DESC, m.updated_at DESC, m.memory_id DESC
-LIMIT %(limit)s
-"""
-_STATS_TTL_S = 300.0
 _VECTOR_SEQS = """
 SELECT v.seq FROM memory_vectors v JOIN memories m ON m.memory_id = v.memory_id
 WHERE v.seq > %(since)s AND v.model = %(model)s AND m.service_id = %(service_id)s
@@ -247,7 +72,7 @@ _VECTOR_ROWS = """
 SELECT seq, memory_id, chunk, start_at, end_at, vector FROM memory_vectors
 WHERE seq = ANY(%(seqs)s) ORDER BY seq
 """
-_SPANS = f"""SELECT {_M_COLUMNS}, ARRAY(
+_SPANS = f"""SELECT {M_COLUMNS}, ARRAY(
     SELECT ARRAY[v.start_at, v.end_at] FROM memory_vectors v
     WHERE v.memory_id = m.memory_id AND v.model = %s ORDER BY v.chunk)
 FROM memories m WHERE m.type IN ('episodic', 'semantic') AND m.memory_id > %s
@@ -257,7 +82,6 @@ _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NO
 # Retried: two replicas writing the same keys can still meet in a deadlock or a
 # serialization failure; a second try then succeeds.
 _RETRY_SQLSTATES = frozenset({"40P01", "40001"})
-_MAX_QUERY_CHARS = 8000
 # A connection back from a statement a moment ago is alive: checking each one as it leaves the
 # pool (a round trip) cost as much as the statement it was taken for. One that sat in the
 # pool this long is checked first: the server may have restarted or dropped it meanwhile.
@@ -297,7 +121,7 @@ class PostgresStore:
         self._timeout_s = timeout_s
         self._idle = _IdleCheck(idle_check_s)
         self._pool: Pool | None = None
-        self._stats: _Stats | None = None
+        self._search = Search()
         self._vectors = VectorIndex(reread=REREAD)
 
     def __repr__(self) -> str:
@@ -347,8 +171,8 @@ class PostgresStore:
             return []
         # Rows are written in key order so that concurrent writers take their row locks in
         # the same order and cannot deadlock on each other.
-        order = sorted(range(len(memories)), key=lambda i: _conflict_key(memories[i]))
-        params = [_params(memories[i]) for i in order]
+        order = sorted(range(len(memories)), key=lambda i: conflict_key(memories[i]))
+        params = [row_params(memories[i]) for i in order]
         for attempt in range(3):
             try:
                 stored = await self._upsert_rows(params)
@@ -357,8 +181,8 @@ class PostgresStore:
                 if attempt == 2 or _sqlstate(exc) not in _RETRY_SQLSTATES:
                     raise
         # A forgotten key (a tombstone) is not written: it has no row in ``stored``.
-        at = {_conflict_key(m): n for n, m in enumerate(memories)}
-        return sorted(stored, key=lambda m: at.get(_conflict_key(m), len(memories)))
+        at = {conflict_key(m): n for n, m in enumerate(memories)}
+        return sorted(stored, key=lambda m: at.get(conflict_key(m), len(memories)))
 
     async def _upsert_rows(self, params: list[tuple[Any, ...]]) -> list[Memory]:
         stored: list[Memory] = []
@@ -367,16 +191,16 @@ class PostgresStore:
             async for result in cur.results():
                 row = await result.fetchone()
                 if row is not None:
-                    stored.append(_memory(row))
+                    stored.append(memory_of(row))
         return stored
 
     async def get(self, memory_id: str) -> Memory | None:
         async with self._conn() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLUMNS} FROM memories WHERE memory_id = %s", (memory_id,)
+                f"SELECT {COLUMNS} FROM memories WHERE memory_id = %s", (memory_id,)
             )
             row = await cur.fetchone()
-        return _memory(row) if row else None
+        return memory_of(row) if row else None
 
     async def delete(self, memory_ids: Sequence[str]) -> int:
         if not memory_ids:
@@ -408,83 +232,9 @@ class PostgresStore:
         if not query.strip() or not types or limit <= 0:
             return []
         async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
-            cur = await conn.execute(_LEXEMES, (_clean(query[:_MAX_QUERY_CHARS]),))
-            lexemes = [str(row[0]) for row in await cur.fetchall()]
-            if not lexemes:
-                return []
-            stats = await self._statistics(conn)
-            rarest = sorted(range(len(lexemes)), key=lambda i: stats.rows(lexemes[i]))
-            # The planner costs a tsvector match as next to free and would rather read the
-            # whole table than the GIN index; every set read here is small by construction.
-            await conn.execute("SET LOCAL enable_seqscan = off")
-            # A lexeme no memory holds looks rarest of all to the statistics, and finds
-            # nothing: a long prompt's new names and typos would leave the search empty.
-            held: list[int] = []
-            step = MAX_WORDS * _PRESENCE_FACTOR
-            for at in range(0, len(rarest), step):  # the rarest first, until enough are held
-                looked = rarest[at : at + step]
-                # A lexeme the statistics list is held (as of the last ANALYZE): only the
-                # rest are probed. GIN scans are bitmap scans, so a probe of a common lexeme
-                # would read its whole posting list; a rare one's is short.
-                unlisted = [_quote(lexemes[i]) for i in looked if lexemes[i] not in stats.freq]
-                present: set[str] = set()
-                if unlisted:
-                    cur = await conn.execute(_PRESENT, {"parts": unlisted})
-                    present = {str(row[0]) for row in await cur.fetchall()}
-                held += [i for i in looked
-                         if lexemes[i] in stats.freq or _quote(lexemes[i]) in present]
-                if len(held) >= MAX_WORDS:
-                    break
-            if not held:
-                return []
-            chosen = [lexemes[i] for i in sorted(held[:MAX_WORDS])]
-            plan = bound([round(stats.rows(lex)) for lex in chosen], BUDGET)
-            params: dict[str, Any] = {
-                "service_id": scope.service_id,
-                "team_id": scope.team_id,
-                "agent_id": scope.agent_id,
-                "user_ref": scope.user,
-                "types": list(types),
-                "now": time.time() if now is None else now,
-                "limit": limit,
-                "all": " | ".join(_quote(lex) for lex in chosen),
-                "parts": [_quote(lex) for lex in chosen],
-                "rare": " | ".join(_quote(chosen[i]) for i in plan.rare),
-                "common": " | ".join(_quote(chosen[i]) for i in plan.common),
-                "cap": 2 * BUDGET,
-                "recent": RECENT,
-            }
-            named = {"rare": _RARE} if plan.rare else {}
-            if plan.common:
-                named["recent"] = _RECENT
-            union = " UNION ".join(f"SELECT memory_id FROM {name}" for name in named)
-            ctes = [*named.values(), f"pool AS ({union})"]
-            # Planned with the actual lexemes (no generic plan), so that the planner knows a
-            # rare lexeme from a common one.
-            cur = await conn.execute(
-                f"WITH {', '.join(ctes)} {_RANKED}", params, prepare=False
-            )
-            rows = await cur.fetchall()
-        hits = []
-        for row in rows:
-            score, matched = max(float(row[-2]), 0.0), int(row[-1])
-            # In (0, 1) as in the SQLite store: the share of the question's words matched,
-            # ts_rank breaking ties.
-            relevance = (matched + score / (1.0 + score)) / (len(chosen) + 1)
-            hits.append(Hit(_memory(row[:-2]), max(relevance, 1e-9)))
-        return hits
-
-    async def _statistics(self, conn: psycopg.AsyncConnection[TupleRow]) -> _Stats:
-        """The lexeme statistics, read again every few minutes."""
-        stats = self._stats
-        # A table not analyzed yet is looked at again soon: it may be filling up.
-        ttl = _STATS_TTL_S if stats is not None and stats.total else _STATS_TTL_S / 10
-        if stats is None or time.monotonic() - stats.read_at > ttl:
-            cur = await conn.execute(_STATS)
-            row = await cur.fetchone()
-            stats = _Stats.of(row)
-            self._stats = stats
-        return stats
+            rows, chosen = await self._search.run(
+                conn, scope, query, types=types, limit=limit, now=now)
+        return hits(rows, chosen)
 
     async def list(
         self,
@@ -522,13 +272,13 @@ class PostgresStore:
             where.append("updated_at >= %(since)s")
             params["since"] = since
         sql = (
-            f"SELECT {_COLUMNS} FROM memories WHERE {' AND '.join(where)}"
+            f"SELECT {COLUMNS} FROM memories WHERE {' AND '.join(where)}"
             " ORDER BY updated_at DESC, memory_id DESC LIMIT %(limit)s"
         )
         async with self._conn() as conn:
             cur = await conn.execute(sql, params)
             rows = await cur.fetchall()
-        return [_memory(row) for row in rows]
+        return [memory_of(row) for row in rows]
 
     async def stored(
         self, scope: Scope, kind: MemoryType, keys: Sequence[str]
@@ -601,11 +351,11 @@ class PostgresStore:
     ) -> builtins.list[Memory]:
         async with self._conn() as conn:
             cur = await conn.execute(
-                f"SELECT {_M_COLUMNS} {_UNEMBEDDED} AND m.memory_id > %s"
+                f"SELECT {M_COLUMNS} {_UNEMBEDDED} AND m.memory_id > %s"
                 " ORDER BY m.memory_id LIMIT %s", (model, after, limit),
             )
             rows = await cur.fetchall()
-        return [_memory(row) for row in rows]
+        return [memory_of(row) for row in rows]
 
     async def count_unembedded(self, model: str) -> int:
         async with self._conn() as conn:
@@ -619,7 +369,7 @@ class PostgresStore:
         async with self._conn() as conn:
             cur = await conn.execute(_SPANS, (model, after, limit))
             rows = await cur.fetchall()
-        return [(_memory(row[:-1]), [(int(a), int(b)) for a, b in row[-1]]) for row in rows]
+        return [(memory_of(row[:-1]), [(int(a), int(b)) for a, b in row[-1]]) for row in rows]
 
     async def count_embeddable(self) -> int:
         async with self._conn() as conn:
@@ -647,7 +397,8 @@ class PostgresStore:
         }
         async with self._conn(atomic=True) as conn:
             # A range of the seq index, whatever the statistics say (before ANALYZE has seen
-            # the vectors, the planner read every one of them, 150 MB at 100k).
+            # the vectors, the planner read every one of them: bench/RESULTS.md, Hybrid
+            # recall).
             await conn.execute("SET LOCAL enable_seqscan = off")
             # The seqs first (a look back, see memory.vectors.REREAD), then only the rows of
             # those not held: the vectors themselves cross the wire once.
@@ -673,13 +424,13 @@ class PostgresStore:
         async with self._conn() as conn:
             # By id alone, filtered here: the planner may not take the scope's index for it.
             cur = await conn.execute(
-                f"SELECT {_M_COLUMNS} FROM memories m WHERE m.memory_id = ANY(%s)"
+                f"SELECT {M_COLUMNS} FROM memories m WHERE m.memory_id = ANY(%s)"
                 # The copy may hold vectors of a text since changed (not embedded again yet).
                 " AND EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.memory_id"
                 " AND v.model = %s)", ([m.memory_id for m in matches], model),
             )
             found = {
-                m.memory_id: m for m in map(_memory, await cur.fetchall())
+                m.memory_id: m for m in map(memory_of, await cur.fetchall())
                 if m.scope == scope and m.type in types
                 and (m.expires_at is None or m.expires_at > at)
             }
@@ -689,92 +440,6 @@ class PostgresStore:
         ][:limit]
 
 
-@dataclass(frozen=True, slots=True)
-class _Stats:
-    """How many records hold a lexeme, as the table statistics estimate it."""
-
-    total: float = 0.0  # 0: never analyzed, every lexeme counts as rare
-    freq: dict[str, float] = field(default_factory=dict)  # the most common lexemes
-    floor: float = 0.0  # the frequency under which a lexeme is not in ``freq``
-    read_at: float = field(default_factory=time.monotonic)
-
-    @classmethod
-    def of(cls, row: Sequence[Any] | None) -> _Stats:
-        if row is None or row[0] is None or float(row[0]) <= 0 or not row[1] or not row[2]:
-            return cls()
-        elems, freqs = list(row[1]), [float(f) for f in row[2]]
-        # After one frequency per element: their minimum and maximum.
-        floor = freqs[len(elems)] if len(freqs) > len(elems) else min(freqs, default=0.0)
-        return cls(float(row[0]), dict(zip(elems, freqs, strict=False)), floor)
-
-    def rows(self, lexeme: str) -> float:
-        # A lexeme not in the list is rarer than its rarest: the planner guesses half that.
-        return self.total * self.freq.get(lexeme, self.floor / 2)
-
-
-def _quote(lexeme: str) -> str:
-    """A lexeme as a tsquery operand, taken literally."""
-    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def _clean(value: str) -> str:
-    """PostgreSQL text cannot hold NUL; it becomes U+FFFD rather than failing the write."""
-    return value.replace("\x00", "\ufffd")
-
-
-def _conflict_key(m: Memory) -> tuple[str, ...]:
-    s = m.scope
-    return (s.service_id, s.team_id, s.agent_id, s.user, m.type, m.key)
-
-
-def _params(m: Memory) -> tuple[Any, ...]:
-    s = m.scope
-    return (
-        m.memory_id,
-        m.type,
-        s.service_id,
-        s.team_id,
-        s.agent_id,
-        s.user,
-        _clean(m.key),
-        _clean(m.text),
-        _clean(m.session_id) if m.session_id is not None else None,
-        m.turn_index,
-        m.in_window,
-        list(m.sources),
-        Jsonb(m.attrs),
-        m.created_at,
-        m.updated_at,
-        m.expires_at,
-    )
-
-
-def _memory(row: Sequence[Any]) -> Memory:
-    (memory_id, type_, service_id, team_id, agent_id, user, key, text, session_id,
-     turn_index, in_window, sources, attrs, created_at, updated_at, expires_at) = row
-    return Memory(
-        type=type_,
-        scope=Scope(service_id, team_id, agent_id, user),
-        key=key,
-        text=text,
-        memory_id=memory_id,
-        session_id=session_id,
-        turn_index=turn_index,
-        in_window=in_window,
-        sources=list(sources),
-        attrs=dict(attrs),
-        created_at=created_at,
-        updated_at=updated_at,
-        expires_at=expires_at,
-    )
-
-
 def _sqlstate(exc: StoreError) -> str | None:
     cause = exc.__cause__
     return cause.sqlstate if isinstance(cause, psycopg.Error) else None
-
-
-def schema() -> Schema:
-    """The versions of ``MIGRATIONS`` as they stand when a store opens (a test may cut them
-    short, to open a file as an older release left it)."""
-    return Schema(_LOCK, _VERSIONS, MIGRATIONS)

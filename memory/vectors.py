@@ -5,8 +5,9 @@ long answer) gets a vector per stretch, so a match inside it is found and shown 
 Vectors are cached by the digest of (model, chunk text): the same text is never embedded
 twice. The search is exact (a matrix product over every vector of one scope) on an
 in-process copy of the scope's vectors (``VectorIndex``), kept in step by reading only the
-rows written since the last read; no ANN index to tune, and it stays within tens of ms at
-100k memories of one scope. PostgreSQL's pgvector and sqlite-vec would replace this copy.
+rows written since the last read; no ANN index to tune, and it stays fast enough at the
+scope sizes measured (bench/RESULTS.md, Hybrid recall). PostgreSQL's pgvector and
+sqlite-vec would replace this copy.
 """
 
 from __future__ import annotations
@@ -32,21 +33,20 @@ __all__ = [
 # (memory.snippets.SNIPPET_TOKENS), and well within what a small embedding model reads.
 CHUNK_CHARS = 480
 # An episode is rendered to at most TURN_CHARS: all of it can be found by meaning (a whole
-# 64k-character turn costs 133 short embeddings, about 17k tokens).
+# turn costs MAX_CHUNKS short embeddings).
 MAX_CHUNKS = TURN_CHARS // CHUNK_CHARS
 # A prompt of several sentences also gets a vector per sentence, the first few: "let's ship
 # every second Tuesday" said beside the task of the turn is a fact of its own, and one vector
-# of both is mostly the task (all-MiniLM-L6-v2: a question's similarity to its fact fell from
-# 0.36 to 0.27 on average with a task sentence beside it and the label; bench/paraphrases.py).
+# of both is mostly the task (a question's similarity to its fact fell with a task sentence
+# beside it: bench/paraphrases.py, bench/RESULTS.md, Hybrid recall).
 MAX_SENTENCES = 8
 SENTENCE_MIN_CHARS = 12  # "Thanks." is no fact: left inside the prompt's vector
 # A statement ends at '.', '!', '?' or ';' (a semicolon joins two statements) before white
 # space (a path's or a version's dots do not end one), or at a line break. Linear: one
 # character class, no backtracking.
 _SENTENCE_END = re.compile(r"[.!?;](?=\s)|\n")
-# The label memory.turns.render puts before the prompt: our word, not the user's (with it,
-# "Which tool collects crash reports?" is 0.21 from "User: Our error tracker is Sentry", 0.23
-# from the sentence alone).
+# The label memory.turns.render puts before the prompt: our word, not the user's (it moves a
+# sentence's vector a little away from the questions that ask for it: bench/paraphrases.py).
 USER_LABEL = "User: "
 SCOPES_CACHED = 32
 # PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq

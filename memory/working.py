@@ -16,14 +16,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cachetools import LRUCache
-
 from ctxproxy.injectors.redact import redact, redact_all
 from ctxproxy.memory.cpu import Offload, sized
 from ctxproxy.memory.model import Memory, Scope, Store
 from ctxproxy.memory.queue import WriteQueue
 from ctxproxy.memory.statements import constraints
 from ctxproxy.memory.turns import Turn
+from ctxproxy.plumbing.lru import SizedLRU
 
 __all__ = ["Working", "derive"]
 
@@ -44,7 +43,7 @@ class _Said:
     size: int  # the bytes this entry holds, its prompt's included
 
 
-_said: LRUCache[tuple[str, str], _Said] = LRUCache(SAID_BYTES, getsizeof=lambda s: s.size)
+_said: SizedLRU[tuple[str, str], _Said] = SizedLRU(None, SAID_BYTES, size_of=lambda s: s.size)
 _said_lock = threading.Lock()
 
 
@@ -74,7 +73,7 @@ def _memo(kind: str, prompt: str, make: Callable[[], list[str]]) -> tuple[tuple[
         said = _Said(texts, size)
         if size <= SAID_BYTES // 16:  # one huge prompt never empties the memo
             with _said_lock:
-                _said[key] = said
+                _said.put(key, said)
     return said.texts
 
 

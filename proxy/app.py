@@ -139,9 +139,9 @@ def create_app(
 # Every request in flight holds its parsed body alive (thousands of dicts and lists). With
 # CPython's default threshold of 700 net new objects, 32 concurrent requests trigger young
 # collections all the time and push the bodies into the old generation, whose full collections
-# then walk every one of them: 18% of the proxy's CPU at 32 requests in flight. Parsed JSON has
+# then walk every one of them (bench/RESULTS.md, Proxy overhead: Changes made). Parsed JSON has
 # no reference cycles (reference counting frees it either way), so a higher threshold only
-# delays finding the rare real cycle (bench/RESULTS.md).
+# delays finding the rare real cycle.
 GC_YOUNG_THRESHOLD = 50_000
 
 
@@ -155,9 +155,8 @@ async def gc_ctx(app: web.Application) -> AsyncIterator[None]:
 
 # The GIL's switch interval while the app serves (CPython's default is 5 ms): how long a thread
 # that wants the GIL waits while another runs Python before it asks for it. The loop coming
-# back from each socket write, and a memory thread with a turn's search done, wait so; under
-# bench/load.py's chat shape a search's result reached its turn p50 3.0 ms after it was done at
-# 1 ms (6.0 ms at 5 ms), and the added p99 was lower in three pairs of runs out of three, for
+# back from each socket write, and a memory thread with a turn's search done, wait so; a
+# shorter interval brings a search's result to its turn sooner and lowered the added p99 for
 # the same CPU a request (bench/RESULTS.md, Load).
 SWITCH_INTERVAL_S = 0.001
 
@@ -394,8 +393,8 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
 
 
 T = TypeVar("T")
-# Parsing and writing back a body costs about a millisecond per 100 KB: past this size it
-# runs in a thread, so that other sessions' requests are served meanwhile.
+# Parsing and writing back a body grows with its size (bench/RESULTS.md, Proxy overhead): past
+# this size it runs in a thread, so that other sessions' requests are served meanwhile.
 LARGE_BODY = 1024 * 1024
 
 

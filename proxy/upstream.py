@@ -1,7 +1,8 @@
 """The upstream client: one pooled aiohttp session, the only way out to the real API.
 
 aiohttp's client rather than httpx here: it shares the server's event loop and C HTTP parser,
-and on the relay's hot path that costs several times less CPU than h11 (bench/RESULTS.md).
+and on the relay's hot path that costs several times less CPU than h11 (bench/RESULTS.md,
+Proxy overhead: Hot path profile).
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ class Idle:
     the client (a slow client is not a silent upstream), ``moved`` after.
 
     One timer a response, moved on only when it fires: aiohttp's own (``sock_read``) cancels
-    a timer and makes a new one for every chunk, 70 an answer under bench/load.py, about 6%
-    of the event loop's time there (bench/RESULTS.md, Load)."""
+    a timer and makes a new one for every chunk, a share of the event loop's time under
+    bench/load.py worth saving (bench/RESULTS.md, Load)."""
 
     __slots__ = ("_handle", "_last", "_loop", "_response", "_timeout_s")
 

@@ -8,6 +8,7 @@ its ``call_id``: ids may repeat across turns) go together.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,23 @@ class Cut:
     items: list[Item]  # forwarded, in input order
     removed: list[Item]  # cut, in input order
     starts: list[int]  # positions of the kept turns' prompts in ``items``
+
+
+# Codex resends a session's whole history on every request: the same prompts' keys are
+# derived again and again. Remembered for prompts up to this size (a bound on what the cache
+# holds), by their text itself, so a key is the digest's, whatever came before.
+_CACHED_PROMPT_CHARS = 1024
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_prompt_key(session: str, text: str, prompt_id: str | None) -> str:
+    return "prompt:" + digest(session, text, prompt_id)
+
+
+def _prompt_key(session: str, text: str, prompt_id: object) -> str:
+    if len(text) <= _CACHED_PROMPT_CHARS and (prompt_id is None or type(prompt_id) is str):
+        return _cached_prompt_key(session, text, prompt_id)
+    return "prompt:" + digest(session, text, prompt_id)
 
 
 class History:
@@ -119,10 +137,8 @@ class History:
         """Each turn's key: from the session and its prompt alone, so that any request whose
         history holds the turn derives the same key."""
         if self._prompt_keys is None or self._prompt_keys[0] != session:
-            keys = [
-                "prompt:" + digest(session, message_text(p), p.get("id"))
-                for p in (self.items[i] for i in self.starts)
-            ]
+            keys = [_prompt_key(session, message_text(p), p.get("id"))
+                    for p in (self.items[i] for i in self.starts)]
             self._prompt_keys = (session, keys)
         return self._prompt_keys[1]
 

@@ -7,6 +7,7 @@ between cuts each request extends the one before it byte for byte.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -149,20 +150,26 @@ class CostPolicy:
         ends = list(itertools.accumulate(shape.tokens, initial=0))  # ends[i]: before turn i
         head = history.items[: history.starts[0]]  # the context before the first turn
         prefix = outside_tokens + len(orjson.dumps(head)) // 4
-        cut = at = calls = 0
-        for b in range(1, n):
-            moved = self._fit(cut, b - 1, ends[b], ends, prefix)  # while b-1 was the newest
-            if moved != cut:
-                cut, at = moved, b - 1
-            calls += shape.calls[b - 1]
-            per_turn = max(calls / b, 1.0)
-            moved = self._decide(cut, b, ends, prefix, per_turn)
-            if moved != cut:
-                cut, at = moved, b
+        cut, at = _replay(self, prefix, tuple(ends[:n]), tuple(shape.calls[: n - 1]))
         moved = self._fit(cut, n - 1, ends[n], ends, prefix)
         return (moved, n - 1) if moved != cut else (cut, at)
 
-    def _fit(self, cut: int, newest: int, end: int, ends: list[int], prefix: int) -> int:
+    def replay(self, prefix: int, ends: tuple[int, ...], calls: tuple[int, ...]) -> tuple[int, int]:
+        """The cut and the turn it was made at after the last boundary ``ends`` reaches: what
+        the completed turns decide (the newest turn's own size aside)."""
+        cut = at = made = 0
+        for b in range(1, len(ends)):
+            moved = self._fit(cut, b - 1, ends[b], ends, prefix)  # while b-1 was the newest
+            if moved != cut:
+                cut, at = moved, b - 1
+            made += calls[b - 1]
+            per_turn = max(made / b, 1.0)
+            moved = self._decide(cut, b, ends, prefix, per_turn)
+            if moved != cut:
+                cut, at = moved, b
+        return cut, at
+
+    def _fit(self, cut: int, newest: int, end: int, ends: Sequence[int], prefix: int) -> int:
         """The fewest more turns to cut, never ``newest``, so that the turns from ``cut`` on,
         ``end`` tokens into the history, fit under max_tokens."""
         if not self.max_tokens:
@@ -171,7 +178,9 @@ class CostPolicy:
             cut += 1
         return cut
 
-    def _decide(self, cut: int, b: int, ends: list[int], prefix: int, per_turn: float) -> int:
+    def _decide(
+        self, cut: int, b: int, ends: Sequence[int], prefix: int, per_turn: float
+    ) -> int:
         """The cut at the boundary where turn ``b`` starts (turns before it complete)."""
         forced = max(cut, b + 1 - self.max_turns)  # keep at most max_turns, the newest in
         # Only what the history held at this boundary: the turns before b (b's prompt aside).
@@ -193,3 +202,12 @@ class CostPolicy:
         if not self.breakpoints:
             return prefix + kept
         return kept + min(self.digest_tokens, removed // 2) + self.standing_tokens
+
+
+# The replay over the completed turns is a pure function of them: every request of a turn's
+# tool loop (the same completed turns, a longer newest one) finds it here.
+@functools.lru_cache(maxsize=4096)
+def _replay(
+    policy: CostPolicy, prefix: int, ends: tuple[int, ...], calls: tuple[int, ...]
+) -> tuple[int, int]:
+    return policy.replay(prefix, ends, calls)

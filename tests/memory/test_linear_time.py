@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from cachetools import LRUCache
 
 from bench.harness.hostile import SHAPES, repeat
 from ctxproxy.injectors import memory_blocks, secret_rules
@@ -30,6 +29,7 @@ from ctxproxy.memory.statements import _CONSTRAINT, _FACT, _RULE, claims, constr
 from ctxproxy.memory.turns import Turn, answered, last, split
 from ctxproxy.memory.words import terms
 from ctxproxy.memory.working import derive
+from ctxproxy.plumbing.lru import SizedLRU
 from ctxproxy.request import History
 from tests.fakes import codex
 
@@ -384,8 +384,8 @@ def test_working_memory_is_made_of_turns_in_linear_time(
 ) -> None:
     # A memo of its own that holds every prompt: one that dropped some would read those
     # anew on each run of the big history only.
-    monkeypatch.setattr(working, "_said", LRUCache(4 * working.SAID_BYTES,
-                                                   getsizeof=working._said.getsizeof))
+    monkeypatch.setattr(working, "_said", SizedLRU(None, 4 * working.SAID_BYTES,
+                                                   size_of=lambda s: s.size))
 
     def derived(turns: list[Turn]) -> list[Memory]:
         return derive(SCOPE, "s", turns, now=0.0, ttl_s=60.0)

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from ctxproxy.memory.model import Memory, Scope
-from ctxproxy.memory.store_pg import MIGRATIONS, PostgresStore
+from ctxproxy.memory.pg_schema import MIGRATIONS
+from ctxproxy.memory.store_pg import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

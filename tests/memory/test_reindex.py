@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ctxproxy.config import load_settings
-from ctxproxy.memory import sqlite_schema, store_pg, vectors
+from ctxproxy.memory import pg_schema, sqlite_schema, vectors
 from ctxproxy.memory.embed import HttpEmbedder
 from ctxproxy.memory.indexer import Indexer
 from ctxproxy.memory.model import Memory, Scope, Store
@@ -75,7 +75,7 @@ def old_store(backend: Backend, monkeypatch: pytest.MonkeyPatch, n: int) -> list
     records.append(Memory(type="episodic", scope=SCOPE, key="fact", text=FACT))
     with monkeypatch.context() as m:
         m.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:-1])
-        m.setattr(store_pg, "MIGRATIONS", store_pg.MIGRATIONS[:-1])
+        m.setattr(pg_schema, "MIGRATIONS", pg_schema.MIGRATIONS[:-1])
         return asyncio.run(_with(backend.make(), lambda s: s.upsert(records)))
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachetools import LRUCache
 
 from ctxproxy.memory import working
 from ctxproxy.memory.ingest import episodes
 from ctxproxy.memory.model import Memory, Scope
 from ctxproxy.memory.turns import ARGS_CHARS, OUTPUT_CHARS, render, session_key, split
 from ctxproxy.memory.working import derive
+from ctxproxy.plumbing.lru import SizedLRU
 from ctxproxy.request import History
 from ctxproxy.window.policy import window
 from tests.conftest import SHARED_FIXTURES, require_shared
@@ -102,11 +102,15 @@ def _without_ids(records: list[Memory]) -> list[Memory]:
     return [dataclasses.replace(m, memory_id="") for m in records]
 
 
+def _fresh_memo() -> SizedLRU[tuple[str, str], Any]:
+    return SizedLRU(None, working.SAID_BYTES, size_of=lambda s: s.size)
+
+
 def test_working_memory_reads_each_prompt_once(monkeypatch: pytest.MonkeyPatch) -> None:
     read: list[str] = []
     real = working.constraints
     monkeypatch.setattr(working, "constraints", lambda text: read.append(text) or real(text))
-    monkeypatch.setattr(working, "_said", LRUCache(working.SAID_BYTES, getsizeof=lambda s: s.size))
+    monkeypatch.setattr(working, "_said", _fresh_memo())
     items = [*codex.context_items(), *codex.text_turn("Port the parser to Rust. Use serde."),
              *codex.text_turn("Never commit to main. Keep the old tests.")]
     first = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
@@ -114,7 +118,7 @@ def test_working_memory_reads_each_prompt_once(monkeypatch: pytest.MonkeyPatch) 
     read.clear()
     again = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
     assert read == ["Always run clippy before you push."]  # only the new prompt is read
-    monkeypatch.setattr(working, "_said", LRUCache(working.SAID_BYTES, getsizeof=lambda s: s.size))
+    monkeypatch.setattr(working, "_said", _fresh_memo())
     cold = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
     assert _without_ids(again) == _without_ids(cold)
     assert _without_ids(again)[: len(first)] == _without_ids(first)
@@ -123,7 +127,7 @@ def test_working_memory_reads_each_prompt_once(monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_prompt_memo_counts_the_prompts_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     budget = 64 * 1024
-    memo: LRUCache[tuple[str, str], object] = LRUCache(budget, getsizeof=lambda s: s.size)
+    memo: SizedLRU[tuple[str, str], Any] = SizedLRU(None, budget, size_of=lambda s: s.size)
     monkeypatch.setattr(working, "_said", memo)
     monkeypatch.setattr(working, "SAID_BYTES", budget)
     prompts = [f"Task {n}: " + "rename the module and keep its API. " * 100 for n in range(40)]
@@ -131,7 +135,7 @@ def test_the_prompt_memo_counts_the_prompts_it_holds(monkeypatch: pytest.MonkeyP
     for prompt in prompts:
         items = [*items, *codex.text_turn(prompt)]
         derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
-    assert budget - 4000 < memo.currsize <= budget  # each entry counts its 3.6 KB prompt
+    assert budget - 4000 < memo.bytes <= budget  # each entry counts its 3.6 KB prompt
     huge = "Never log the token. " + "x" * (budget // 16)
     derive(SCOPE, "s", split("s", History([*codex.context_items(), *codex.text_turn(huge)])),
            now=1.0, ttl_s=60)
