@@ -23,8 +23,10 @@ Per category:
 
 - evidence in prompt: questions with any (all) of their evidence turns' text in the forwarded
   request (a line longer than a recall snippet shows counts by a 150-character stretch);
-- block: share of questions the memory step added anything to, and the tokens it added
-  (median, p90, over those it added to); for category 5 the block share is the noise;
+- recall block: share of questions shown recalled turns (an ``<episodic_memory>`` block),
+  and its tokens (median, p90, over those); for category 5 the share is the noise; any
+  block: the same counting the standing memory too (working and semantic: distilled facts,
+  shown whatever the question);
 - store R@5 / R@10: mean share of a question's evidence turns in the first 5 (10) results of
   ``Store.search`` with the question alone (a result is a stored turn of up to
   ``--per-request`` dialogue turns, so this is easier than per-turn figures);
@@ -238,13 +240,16 @@ def strings(value: Any) -> Iterator[str]:
             yield from strings(v)
 
 
-def forwarded(body: bytes) -> tuple[str, str]:
-    """Every string of the forwarded request (whitespace folded as in the turns' lines), and
-    the memory blocks in it: what the memory step added (the client sends none)."""
+def forwarded(body: bytes) -> tuple[str, str, str]:
+    """Every string of the forwarded request (whitespace folded as in the turns' lines), the
+    memory blocks in it (what the memory step added: the client sends none), and of those
+    the recalled turns (``<episodic_memory>``: the standing memory, working and semantic, is
+    shown whatever the question)."""
     parsed = orjson.loads(body)
     texts = list(strings([parsed.get("instructions"), parsed.get("input")]))
     blocks = [b for t in texts for b in MEMORY_BLOCK.findall(t)]
-    return one_line("\n".join(texts)), "\n".join(blocks)
+    recall = [b for b in blocks if b.startswith(f"<{TAGS['episodic']}")]
+    return one_line("\n".join(texts)), "\n".join(blocks), "\n".join(recall)
 
 
 def shown(turn_text: str, haystack: str) -> bool:
@@ -301,6 +306,7 @@ class Asked:
     any_shown: bool = False
     all_shown: bool = False
     block_tokens: int = 0  # what the memory step added; 0: nothing
+    recall_tokens: int = 0  # of it, the recall message (the rest: standing memory)
     store: dict[int, float] = field(default_factory=dict)  # k -> R@k
     bm25_turns: dict[int, float] = field(default_factory=dict)
     bm25_units: dict[int, float] = field(default_factory=dict)
@@ -360,8 +366,10 @@ async def replay(conv: Conversation, args: argparse.Namespace, client: aiohttp.C
         session_id = f"locomo-{conv.sample_id}-q{n}"
         await post(client, url, request([*context_items(), text("user", q.text)], session_id),
                    user_headers(conv, session_id, f"{session_id}-t0"))
-        seen, added = forwarded(recorder.bodies[-1])
-        done.asked.append(await score(q, seen, added, index, runtime.store, scope))
+        seen, added, recalled = forwarded(recorder.bodies[-1])
+        asked = await score(q, seen, added, index, runtime.store, scope)
+        asked.recall_tokens = tokens.count(recalled) if recalled else 0
+        done.asked.append(asked)
         # The question's own turn is no memory of the conversation: gone before the next.
         await settle(runtime)
         mine = await runtime.store.list(scope, session_id=session_id, limit=1000)
@@ -405,8 +413,12 @@ async def run(args: argparse.Namespace, data_dir: Path) -> list[tuple[Conversati
     upstream, upstream_url = await serve_plain(recorder.app())
     values: dict[str, Any] = {"data_dir": data_dir, "service_id": SERVICE,
                               "upstream_url": upstream_url + "/v1"}
+    values.update(args.set)
     if args.embeddings_url:
         values["embeddings_url"] = args.embeddings_url
+        values["embeddings_timeout_ms"] = args.embeddings_timeout_ms
+        # The memory step's own budget must cover that wait, or the turn goes without memory.
+        values["memory_timeout_ms"] = max(1000, args.embeddings_timeout_ms + 1000)
     args.settings = load_settings(env={}, **values)
     app = build_app(args.settings)
     proxy, proxy_url = await serve_plain(app)
@@ -421,6 +433,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> list[tuple[Conversati
                       f"{time.perf_counter() - began:.0f} s", flush=True)
                 out.append((conv, done))
         args.degraded = degraded(app)
+        args.modes = modes(app)
     finally:
         await proxy.cleanup()
         await upstream.cleanup()
@@ -428,9 +441,17 @@ async def run(args: argparse.Namespace, data_dir: Path) -> list[tuple[Conversati
 
 
 def degraded(app: web.Application) -> int:
-    """How often the memory step left its block out (a slow or failing store)."""
+    """Memory-side failures counted (memory.health: every failure of any part, a store too
+    slow for a turn or an embedding call, not turns left without memory)."""
     return int(sum(s.value for m in app[METRICS].degraded.collect() for s in m.samples
                    if s.name.endswith("_total") and s.labels.get("source") == "memory"))
+
+
+def modes(app: web.Application) -> dict[str, int]:
+    """How each turn's recall searched (hybrid, lexical, lexical-degraded): counted."""
+    return {s.labels.get("mode", "?"): int(s.value)
+            for m in app[METRICS].recall_modes.collect() for s in m.samples
+            if s.name.endswith("_total") and s.value}
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -461,7 +482,9 @@ def row(name: str, rows: Sequence[Asked], adversarial: bool = False) -> str:
     else:
         cells += [_share(sum(a.any_shown for a in scored), len(scored)),
                   _share(sum(a.all_shown for a in scored), len(scored))]
-    cells += [_share(len(blocks), len(rows)), f"{_q(blocks, 0.5)} / {_q(blocks, 0.9)}"]
+    recalls = [a.recall_tokens for a in rows if a.recall_tokens]
+    cells += [_share(len(recalls), len(rows)), f"{_q(recalls, 0.5)} / {_q(recalls, 0.9)}",
+              _share(len(blocks), len(rows)), f"{_q(blocks, 0.5)} / {_q(blocks, 0.9)}"]
     for attr in ("store", "bm25_turns", "bm25_units"):
         cells.append(" / ".join(_mean(scored, attr, k) for k in KS) if not adversarial else "-")
     return "| " + " | ".join(cells) + " |"
@@ -482,15 +505,17 @@ def report(results: Sequence[tuple[Conversation, Replayed]], args: argparse.Name
         f"({sum(len(c.sessions) for c, _ in results)} sessions, "
         f"{sum(len(c.turns()) for c, _ in results)} dialogue turns, {len(every)} questions); "
         f"{args.per_request} dialogue turns per request ({requests} requests, {cut} of them "
-        f"forwarded with earlier messages of their session cut; memory left out "
-        f"{args.degraded} times, slow or failing); recall "
+        f"forwarded with earlier messages of their session cut; memory-side failures counted "
+        f"{args.degraded} times: a slow store, or embedding calls that failed); recall "
         f"{'hybrid (' + args.embeddings_url + ')' if args.embeddings_url else 'lexical'}, "
-        f"default settings; tokens: {tokens.encoding_name()}.",
+        f"{_settings(args)}{_timeout(args)}; recall searched "
+        f"{', '.join(f'{k} {v} times' for k, v in sorted(args.modes.items())) or '-'}; "
+        f"tokens: {tokens.encoding_name()}.",
         "",
-        "| category | questions | evidence in prompt: any | all | block shown "
-        "| block tokens median / p90 | store search R@5 / R@10 | BM25 turns R@5 / R@10 "
-        "| BM25 packed R@5 / R@10 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| category | questions | evidence in prompt: any | all | recall block shown "
+        "| recall tokens median / p90 | any block shown | any block tokens median / p90 "
+        "| store search R@5 / R@10 | BM25 turns R@5 / R@10 | BM25 packed R@5 / R@10 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cat, name in CATEGORIES.items():
         lines.append(row(f"{cat} {name}", [a for a in every if a.category == cat], cat == 5))
@@ -498,15 +523,31 @@ def report(results: Sequence[tuple[Conversation, Replayed]], args: argparse.Name
     unscored = sum(1 for a in every if a.category != 5 and not a.evidence)
     lines += ["", f"Evidence columns score questions 1-4 whose evidence ids name a turn of the "
               f"conversation ({unscored} do not). Each question is the only prompt of a new "
-              "Codex session: what reaches the prompt is the memory step's doing. Block: the "
-              "memory step added anything; its tokens over those questions. Store search: "
+              "Codex session: what reaches the prompt is the memory step's doing. Recall block: "
+              "the recalled turns (`<episodic_memory>`); any block: those or the standing "
+              "memory (distilled semantic facts, shown whatever the question: what the "
+              "distiller found by then varies from run to run); tokens over the questions "
+              "that got one. Store search: "
               "`Store.search(scope, question, limit=10)` alone; a result holds up to "
               f"{args.per_request} dialogue turns (BM25 packed: the same units, BM25 turns: "
               "one dialogue turn each). Memories stored in the same second tie on time, so "
               "the store's order among equals, and with it a few points of these figures, "
               "changes from run to run. Issue 46's targets (lexical): evidence in prompt 1-4 "
-              ">= 70%, adversarial block <= 30%, block median <= 600 tokens."]
+              ">= 70%, adversarial recall block <= 30%, recall block median <= 600 tokens."]
     return "\n".join(lines)
+
+
+def _settings(args: argparse.Namespace) -> str:
+    if not args.set:
+        return "default settings"
+    return "default settings but " + ", ".join(f"{k}={v}" for k, v in args.set.items())
+
+
+def _timeout(args: argparse.Namespace) -> str:
+    if not args.embeddings_url or args.embeddings_timeout_ms == 300:
+        return ""
+    return (f" but a question's embedding waited for up to {args.embeddings_timeout_ms} ms "
+            f"(and memory for {args.embeddings_timeout_ms + 1000} ms)")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -520,10 +561,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="dialogue turns packed into one user message")
     parser.add_argument("--embeddings-url", help="an OpenAI-compatible /v1 base URL for hybrid "
                         "recall (e.g. ../shared/tools/embed_server.py); unset: lexical")
+    parser.add_argument("--embeddings-timeout-ms", type=int, default=300,
+                        help="how long a question waits for its embedding (the setting's "
+                        "default 300; a CPU model on a loaded machine may need more, else the "
+                        "turn recalls lexically and counts as degraded)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting other than its default (Settings' field name, e.g. "
+                        "memory_tokens=700); repeatable")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch RESULTS.md")
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.picks = parse_picks(args.conversations)
+    try:
+        args.set = dict(item.split("=", 1) for item in args.set)
+    except ValueError:
+        parser.error("--set takes NAME=VALUE")
     if args.per_request < 1:
         parser.error("--per-request must be at least 1")
     return args

@@ -54,7 +54,7 @@ from ctxproxy.memory.model import Memory, MemoryType, Scope, Store, user_ref
 from ctxproxy.memory.stores import make_store
 from ctxproxy.proxy.app import PIPELINE
 from ctxproxy.proxy.assemble import build_app
-from ctxproxy.request import Exchange, Step
+from ctxproxy.request import Answer, End, Exchange, Hold, Step
 
 SECTION = "## Memory recall"
 BEGIN, END = "<!-- recall:begin (written by bench/recall.py) -->", "<!-- recall:end -->"
@@ -404,6 +404,32 @@ class Timed:
                 added += "\n" + _item_text(item)
         self.added.append(added)
 
+    # The memory step's other phases, passed on: the pipeline finds each phase's steps by
+    # the methods they have, and the memory step keeps what a turn brought in them.
+    def answering(self, ex: Exchange, status: int) -> Hold | None:
+        return self.inner.answering(ex, status)  # type: ignore[union-attr]
+
+    def completed(self, ex: Exchange, answer: Answer) -> None:
+        self.inner.completed(ex, answer)  # type: ignore[union-attr]
+
+    def ended(self, end: End) -> None:
+        self.inner.ended(end)  # type: ignore[union-attr]
+
+
+def timed_memory(app: web.Application) -> Timed | None:
+    """The app's memory step wrapped in ``Timed``, put in its place; None without one.
+    Through the pipeline's ``steps`` setter: it sorts the steps by phase, and a step put
+    into the list it returns would never run."""
+    pipeline = app[PIPELINE]
+    steps = list(pipeline.steps)
+    at = next((i for i, s in enumerate(steps) if "memory" in s.name), None)
+    if at is None:
+        return None
+    timed = Timed(steps[at], steps[at].name)
+    steps[at] = timed  # type: ignore[call-overload]
+    pipeline.steps = steps
+    return timed
+
 
 def _item_text(item: Any) -> str:
     content = item.get("content") if isinstance(item, dict) else None
@@ -435,13 +461,8 @@ async def end_to_end(values: dict[str, Any], n_sessions: int, turns: int, n_fact
     proxy, proxy_url = await serve_plain(app)
     started = time.time()
     try:
-        steps = app[PIPELINE].steps
-        found = [i for i, s in enumerate(steps) if "memory" in s.name]
-        timed: Timed | None = None
-        if found:
-            timed = Timed(steps[found[0]], steps[found[0]].name)
-            steps[found[0]] = timed  # type: ignore[index]
-        elif settings.memory_enabled:
+        timed = timed_memory(app)
+        if timed is None and settings.memory_enabled:
             result.skipped = "the app has no memory step (proxy/memory_wiring.py returns None)"
             return result
         rng = random.Random(seed)

@@ -60,7 +60,7 @@ from ctxproxy.memory.model import Hit, Memory
 from ctxproxy.memory.recall import Candidate, Recaller, fuse
 from ctxproxy.memory.stores import make_store
 from ctxproxy.memory.vectors import VectorRow, content_digest, pack
-from ctxproxy.proxy.app import METRICS, PIPELINE
+from ctxproxy.proxy.app import METRICS
 from ctxproxy.proxy.assemble import build_app
 from ctxproxy.proxy.memory_wiring import MEMORY
 
@@ -182,11 +182,9 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
     app = build_app(settings)
     proxy, proxy_url = await serve_plain(app)
     try:
-        steps = app[PIPELINE].steps
-        at = next(i for i, s in enumerate(steps) if "memory" in s.name)
-        timed = lexical.Timed(steps[at], steps[at].name)
-        steps[at] = timed  # type: ignore[index]
-        probe = Probe(app[MEMORY].step._recaller)
+        timed = lexical.timed_memory(app)
+        assert timed is not None, "the app has no memory step"
+        probe = Probe(app[MEMORY].step._preparer._recaller)
         async with aiohttp.ClientSession() as client:
             for n, (session, asks) in enumerate(sessions(seed, cases, absent)):
                 for turn, body, headers in lexical.session_requests(session, seed + n):

@@ -19,6 +19,11 @@ memory id the user names always passes): a turn whose question matches nothing w
 recall block at all. One line, not the whole memory: a turn with pages of tool output holds
 a few of any question's words somewhere, which says nothing.
 
+A question that names a speaker of a dialogue a memory holds (memory.speakers) asks what that
+speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, the
+dialogues are left out (only another's reply echoing the words matched: the question names
+the wrong speaker, or something nobody said).
+
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
 (and ``min_score`` of them); a memory the user names by id, with any line not in view.
@@ -27,17 +32,16 @@ only with a line not in view that holds more of the question's words than every 
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ctxproxy.config import Settings
 from ctxproxy.memory.aio import done, joined
 from ctxproxy.memory.cpu import Offload, fits, sized
 from ctxproxy.memory.embed import Embedder, EmbedError
 from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, Store, StoreError
+from ctxproxy.memory.scoring import Candidate, Weights, decay, fuse, score, select
 from ctxproxy.memory.snippets import (
     GAP,
     SNIPPET_TOKENS,
@@ -45,6 +49,7 @@ from ctxproxy.memory.snippets import (
     line_matches,
     lines_of,
     questions,
+    said_match,
     snippet,
     whole_match,
 )
@@ -54,14 +59,6 @@ __all__ = [
     "mentioned_ids", "score", "select", "standing_of",
 ]
 
-DAY = 86400.0
-# How fast a memory fades, by type: a session's task within days, a turn within weeks, a
-# distilled preference within months.
-HALF_LIFE_S: dict[MemoryType, float] = {
-    "working": 1 * DAY,
-    "episodic": 30 * DAY,
-    "semantic": 180 * DAY,
-}
 MENTIONED = 2.0  # above any search relevance: the user asked for it by id
 RECENT = 0.3  # a recent turn that shares no word with the question
 RECENT_WINDOW_S = 6 * 3600.0
@@ -70,34 +67,14 @@ SEARCH_LIMIT = 20
 PICK_WEIGHT = 4  # a pick's characters, as counted against memory.cpu.SMALL
 STANDING_LIMIT = 200
 MAX_MENTIONED = 5
-RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al.): flattens the top ranks
+# The share of a question's other words that a line said by the speaker it names must hold
+# (bench/RESULTS.md, LoCoMo: chosen on conversations 0-4).
+SAID_MIN_SCORE = 0.3
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
 
 Mode = Literal["lexical", "hybrid", "lexical-degraded"]
 
 _MEMORY_ID = re.compile(r"\bmem_[0-9a-hjkmnp-tv-z]{26}\b")
-
-
-@dataclass(frozen=True, slots=True)
-class Weights:
-    working: float = 1.5
-    episodic: float = 1.0
-    semantic: float = 0.8
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Weights:
-        return cls(settings.weight_working, settings.weight_episodic, settings.weight_semantic)
-
-    def of(self, kind: MemoryType) -> float:
-        return float(getattr(self, kind))
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    memory: Memory
-    relevance: float
-    similarity: float | None = None  # found by meaning: its best chunk's cosine similarity
-    span: tuple[int, int] | None = None  # and where that chunk stands in the text
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,87 +89,6 @@ class Found:
     near: list[list[Hit]] = field(default_factory=list)  # each question's, by meaning
     mode: Mode = "lexical"
     mentioned: list[Memory] = field(default_factory=list)  # the memory ids the user named
-
-
-def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
-    """Reciprocal rank fusion of full-text and vector rankings: each memory scores the sum
-    of 1 / (k + rank) over the rankings it is in, scaled so the best has 1. Ranks, not
-    scores: BM25 and cosine similarity are on scales that do not compare."""
-    scores: dict[str, float] = {}
-    first: dict[str, Hit] = {}  # the hit of the nearest chunk when vectors found it
-    for hits in rankings:
-        for rank, hit in enumerate(hits):
-            memory_id = hit.memory.memory_id
-            scores[memory_id] = scores.get(memory_id, 0.0) + 1.0 / (k + rank + 1)
-            held = first.get(memory_id)
-            if held is None or _nearer(hit, held):
-                first[memory_id] = hit
-    top = max(scores.values(), default=1.0)
-    return [Candidate(h.memory, scores[i] / top, h.similarity, h.span) for i, h in first.items()]
-
-
-def _nearer(hit: Hit, than: Hit) -> bool:
-    return hit.similarity is not None and (than.similarity is None
-                                           or hit.similarity > than.similarity)
-
-
-def decay(memory: Memory, now: float) -> float:
-    """1 for a memory from now, 1/2 after its type's half-life. An episode ages from when it
-    happened; working and semantic memory from when it was last confirmed."""
-    since = memory.created_at if memory.type == "episodic" else memory.updated_at
-    age = max(0.0, now - since)
-    return math.pow(0.5, age / HALF_LIFE_S[memory.type])
-
-
-def score(candidate: Candidate, weights: Weights, now: float) -> float:
-    memory = candidate.memory
-    return candidate.relevance * weights.of(memory.type) * decay(memory, now)
-
-
-def select(
-    candidates: Iterable[Candidate],
-    *,
-    weights: Weights,
-    now: float,
-    k: int,
-    budget: int,
-    cost: Callable[[Memory], int],
-    overhead: Callable[[MemoryType], int],
-    view: Callable[[Candidate], Candidate | None] | None = None,
-) -> list[Memory]:
-    """The best ``k`` memories whose blocks fit in ``budget`` tokens, best first.
-
-    A memory too big for what is left is skipped for a smaller one further down. A type's
-    first memory also pays for its block's wrapper (``overhead``). ``view(c)`` says how a
-    candidate is shown (a snippet), or None when it may not be: it is asked best first and
-    only until ``k`` are chosen, since it may cost more than everything else here. A memory
-    counts as its best candidate that may be shown.
-    """
-    ranked = sorted(enumerate(candidates), key=lambda at: (
-        -score(at[1], weights, now), at[1].memory.memory_id, at[0]))
-    chosen: list[Memory] = []
-    kinds: set[MemoryType] = set()
-    decided: set[str] = set()
-    used = 0
-    for _, c in ranked:
-        if len(chosen) >= k:
-            break
-        if c.memory.memory_id in decided:
-            continue  # a lesser candidate of a memory already placed or passed over
-        if score(c, weights, now) <= 0:
-            break
-        shown = c if view is None else view(c)
-        if shown is None:
-            continue
-        decided.add(c.memory.memory_id)
-        kind = shown.memory.type
-        price = cost(shown.memory) + (0 if kind in kinds else overhead(kind))
-        if used + price > budget:
-            continue
-        chosen.append(shown.memory)
-        kinds.add(kind)
-        used += price
-    return chosen
 
 
 def mentioned_ids(text: str) -> list[str]:
@@ -212,6 +108,18 @@ def _alive(memory: Memory, now: float) -> bool:
 def _outside(memory: Memory, window: Collection[str]) -> bool:
     """Not from a turn the model can still see in the forwarded history."""
     return memory.attrs.get("prompt") not in window
+
+
+def _spoken(candidates: Sequence[Candidate], query: str) -> Sequence[Candidate]:
+    """``candidates`` less the dialogues (memory.speakers) when the question names their
+    speakers and no line those speakers said holds SAID_MIN_SCORE of its other words: such a
+    question asks what one of them said that none of them did (it names the wrong one), and
+    the lines that hold its words, said by another, would mislead more than inform."""
+    said = [(c, said_match(c.memory.text, query)) for c in candidates]
+    best = max((m[0] for _, m in said if m is not None), default=None)
+    if best is None or best >= SAID_MIN_SCORE:
+        return candidates
+    return [c for c, m in said if m is None or c.relevance >= MENTIONED]
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +432,8 @@ class Recaller:
                  if (h.similarity >= self.min_similarity if h.similarity is not None
                      else matched(h.memory) >= min_score)]
                 for ranking in rankings])]
+
+        candidates = _spoken(candidates, query)
 
         def shown_as(c: Candidate) -> Candidate | None:
             memory = c.memory

@@ -20,11 +20,13 @@ from itertools import accumulate
 from cachetools import LRUCache
 
 from ctxproxy.injectors import tokens
+from ctxproxy.memory.speakers import named, speakers_of
 from ctxproxy.memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from ctxproxy.memory.words import WORD, terms
 
 __all__ = [
-    "GAP", "SNIPPET_TOKENS", "Snippet", "best_match", "line_matches", "lines_of", "snippet",
+    "GAP", "SNIPPET_TOKENS", "Snippet", "best_match", "line_matches", "lines_of", "said_match",
+    "snippet",
 ]
 
 SNIPPET_TOKENS = 160  # what one recalled memory may take at most
@@ -150,7 +152,7 @@ class _Text:
     whole word, after the label), remembered as questions ask."""
 
     __slots__ = ("_words", "asked_long", "contexts", "index", "labels", "lines", "low",
-                 "low_lines", "size", "starts", "text")
+                 "low_lines", "size", "speakers", "starts", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -162,11 +164,15 @@ class _Text:
         self.low_lines = tuple(self.low.split("\n"))  # lower() never adds or removes a break
         self.starts = tuple(accumulate((len(line) + 1 for line in self.low_lines), initial=0))
         self.labels = tuple(_label_chars(line) for line in self.low_lines)
+        self.speakers = speakers_of(self.lines, [
+            len(INDENT) if line.startswith(INDENT) else label
+            for line, label in zip(self.lines, self.labels, strict=True)])
         self._words: dict[str, tuple[int, ...]] = {}
         # About the bytes held: the text, its lines and their lower case (the key and this),
-        # each line's entries, and the words remembered; an over-estimate of what tracemalloc
-        # saw for bench.load's episodes, on the safe side for the cache's byte budget.
-        self.size = 5 * len(text) + 160 * len(self.lines) + 100 * WORDS_PER_TEXT
+        # each line's entries (with its speaker), and the words remembered; an over-estimate of
+        # what tracemalloc saw for bench.load's episodes, on the safe side for the cache's byte
+        # budget.
+        self.size = 5 * len(text) + 168 * len(self.lines) + 100 * WORDS_PER_TEXT
 
     def lines_with(self, word: str) -> tuple[int, ...]:
         """The lines that hold ``word`` (one of ``terms``: letters and digits only)."""
@@ -404,6 +410,27 @@ def whole_match(text: str, query: str) -> float:
     asked = _asked(query)
     words_of = _words_by_line(parsed, asked.parts[0], asked.lines)
     return _match(words_of, parsed.contexts, asked.parts[0])
+
+
+def said_match(text: str, query: str) -> tuple[float, float] | None:
+    """When ``query`` names speakers of a dialogue in ``text`` (memory.speakers): the best
+    share of its other words one line said by them holds, and one said by another speaker;
+    None otherwise. A line counts alone here, not with the line before it."""
+    parsed = _parse(text)
+    asked = _asked(query)
+    names = named(parsed.speakers, asked.parts[0], query)
+    wanted = asked.parts[0] - names
+    if not names or not wanted:
+        return None
+    said = other = 0.0
+    for words, speaker in zip(_words_by_line(parsed, wanted, asked.lines), parsed.speakers,
+                              strict=True):
+        share = len(words) / len(wanted)
+        if speaker and speaker & names:
+            said = max(said, share)
+        else:
+            other = max(other, share)
+    return said, other
 
 
 def best_match(text: str, query: str) -> float:

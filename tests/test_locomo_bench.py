@@ -82,7 +82,7 @@ async def test_a_cut_turn_comes_back_when_asked_and_the_absent_answer_gets_no_bl
     # Each question is a new session: its evidence in the prompt is memory's doing.
     single = table["4 single-hop"]
     assert single[:4] == ["1", "100% (1/1)", "100% (1/1)", "100% (1/1)"]
-    assert single[5].startswith("100% / ")  # the store's own search finds it
+    assert single[7].startswith("100% / ")  # the store's own search finds it
     temporal = table["2 temporal"]
     assert temporal[1] == "100% (1/1)"  # the stray evidence id is left out, not missed
     tokens = [int(t) for t in temporal[4].split(" / ")]

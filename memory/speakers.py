@@ -1,0 +1,57 @@
+"""Who said a line: the speakers of a transcript a memory holds, and which of them a
+question names.
+
+A turn may carry a conversation ("[3 March, 2023] Ada: ..." one line per utterance, or
+"Ada: ..." alone). A question that names one of its speakers ("what did Ada ...") asks what
+that speaker said: when no line of theirs holds the question's other words, only a reply
+of another's that echoes them ("Thanks, Ada! ..."), the question is about something the
+memory does not say (memory.recall's gate). Pure, linear in the text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+
+from ctxproxy.memory.turns import INDENT
+from ctxproxy.memory.words import WORD
+
+__all__ = ["named", "speakers_of"]
+
+# An optional bracketed stamp, then one to three capitalised words and ': '. Bounded
+# repetitions, anchored where the line's own text starts: linear.
+_SPEAKER = re.compile(
+    r"(?:\[[^\]\n]{1,40}\] ?)?([A-Z][\w'.-]{0,30}(?: [A-Z][\w'.-]{0,30}){0,2}): ")
+
+
+def speakers_of(lines: Sequence[str], starts: Sequence[int]) -> tuple[frozenset[str] | None, ...]:
+    """For each line, the words of who said it (lower case), or None; ``starts``: where each
+    line's own text starts (after its entry's label or indent). Only in an entry (a line not
+    indented and its indented lines, memory.turns.render) that is a dialogue: lines said by
+    two speakers at least. "User: Remember: ..." then "Assistant: Done: ..." are no
+    dialogue, nor is a lone "Note: " line of a tool's output."""
+    found: list[frozenset[str] | None] = []
+    for line, start in zip(lines, starts, strict=True):
+        match = _SPEAKER.match(line, start)
+        found.append(frozenset(WORD.findall(match.group(1).lower())) if match else None)
+    out: list[frozenset[str] | None] = [None] * len(lines)
+    head = 0
+    for n in range(len(lines) + 1):
+        if n == len(lines) or not lines[n].startswith(INDENT):
+            if len({s for s in found[head:n] if s}) >= 2:
+                out[head:n] = found[head:n]
+            head = n
+    return tuple(out)
+
+
+def named(speakers: Sequence[frozenset[str] | None], words: AbstractSet[str],
+          query: str) -> frozenset[str]:
+    """The ``words`` of a question that name a speaker of the text, written with a capital
+    in ``query`` as names are ("what did Ada say", not "what did the note say")."""
+    said = frozenset().union(*(s for s in speakers if s)) & words
+    if not said:
+        return frozenset()
+    capital = {m.group().lower() for m in WORD.finditer(query) if m.group()[0].isupper()}
+    return frozenset(said & capital)
+

@@ -1,0 +1,64 @@
+"""Speaker-aware recall: a turn that carries a dialogue, and a question naming its speakers."""
+
+from __future__ import annotations
+
+from ctxproxy.memory.model import Memory, Scope, Store
+from ctxproxy.memory.recall import Recaller, Weights
+from ctxproxy.memory.snippets import said_match
+from ctxproxy.memory.speakers import speakers_of
+from tests.memory.test_recall import cost, overhead
+
+SCOPE = Scope("svc", "team", "agent", "u_1")
+NOW = 1_800_000_000.0
+# Made up, in the shape a chat transcript pasted into a turn takes.
+DIALOGUE = (
+    "User: [2 May, 2024] Ada: I finished the pottery class last week, a blue vase came out.\n"
+    "  [2 May, 2024] Ben: Congrats Ada! I went sailing on the lake with my brother.\n"
+    "  [2 May, 2024] Ada: Sailing sounds fun, Ben. Was the weather good?\n"
+    "  [2 May, 2024] Ben: Windy, but we caught three trout.\n"
+    "Assistant: Noted."
+)
+
+
+def test_a_dialogue_entry_has_its_speakers() -> None:
+    lines = DIALOGUE.split("\n")
+    starts = [2 if line.startswith("  ") else line.index(": ") + 2 for line in lines]
+    assert speakers_of(lines, starts) == (
+        frozenset({"ada"}), frozenset({"ben"}), frozenset({"ada"}), frozenset({"ben"}), None)
+
+
+def test_labels_of_separate_entries_are_no_dialogue() -> None:
+    lines = ["User: Remember: the port is 5433.", "Assistant: Done: noted the port."]
+    assert speakers_of(lines, [6, 11]) == (None, None)
+
+
+def test_one_speaker_is_no_dialogue() -> None:
+    lines = ["Tool output run: Error: disk full", "  Error: retry failed"]
+    assert speakers_of(lines, [17, 2]) == (None, None)
+
+
+def test_said_match_counts_the_named_speakers_lines() -> None:
+    # Ben's line holds "sailing" and "brother"; Ada's, "sailing".
+    assert said_match(DIALOGUE, "Was Ben sailing with his brother?") == (1.0, 0.5)
+    assert said_match(DIALOGUE, "Was Ada sailing with her brother?") == (0.5, 1.0)
+    assert said_match(DIALOGUE, "Was the boat sailing with a brother?") is None
+    assert said_match(DIALOGUE, "was ben sailing with his brother?") is None  # not a name
+
+
+async def recalled(store: Store, question: str) -> list[Memory]:
+    recaller = Recaller(store, weights=Weights(), k=5, budget=1200, cost=cost,
+                        overhead=overhead)
+    return await recaller.recall(SCOPE, "s", question, window=(), exclude=(), budget=1200,
+                                 now=NOW, min_score=0.25)
+
+
+async def test_a_question_naming_the_wrong_speaker_gets_no_recall(store: Store) -> None:
+    await store.upsert([Memory(type="episodic", scope=SCOPE, key="d", text=DIALOGUE,
+                               session_id="old", created_at=NOW, updated_at=NOW)])
+    assert [m.memory_id for m in await recalled(store, "What did Ben make in pottery class?")
+            ] == []
+    (got,) = await recalled(store, "What did Ada make in pottery class?")
+    assert "pottery class" in got.text
+    # Not a dialogue's speaker: the words alone decide, as before.
+    (got,) = await recalled(store, "What came out of the pottery class?")
+    assert "blue vase" in got.text
