@@ -33,11 +33,12 @@ from aiohttp import web
 
 from bench.harness import ledger_reference as reference
 from bench.harness import session as bench_session
+from bench.harness.load_client import Script, Thread
 from bench.harness.machine import revision
 from bench.harness.results import write_block
 from bench.harness.serving import free_port, serve
 from bench.harness.upstream import create_app as upstream_app
-from bench.load import SCRIPTS, Script, Thread, knowledge
+from bench.load import SCRIPTS, knowledge
 from ctxproxy.config import load_settings
 from ctxproxy.injectors import tokens
 from ctxproxy.ledger.counterfactual import PartCounter

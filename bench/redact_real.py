@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from unittest import mock
 
+from bench.harness.agent_runs import load_tasks
 from bench.harness.results import write_block
-from bench.trajectories import load_tasks
 from ctxproxy.injectors import redact as redact_module
 
 SECTION = "## Redaction of real text"

@@ -11,10 +11,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench import load
+from bench.harness import load_client
 from bench.harness import session as bench_session
+from bench.harness.agent_runs import Step, Task
+from bench.harness.load_client import Run, Script, Thread, answer_events_of, answer_stream
 from bench.harness.upstream import ANSWER_HEADER, create_app
-from bench.load import Script, Thread, answer_events_of, answer_stream
-from bench.trajectories import Step, Task
 
 
 def _completed_output(stream: bytes) -> list[dict[str, object]]:
@@ -46,7 +47,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Task]]:
     tasks = [Task(f"task-{n}", "You are a coding agent.", f"Fix bug {n} in parser.py.", tuple(
         Step(f"Look at step {k}.", f"grep -n case{k} parser.py", f"{k}: case{k} = {n}", "e" * 8)
         for k in range(n + 1))) for n in range(3)]
-    monkeypatch.setattr(load, "agent_tasks", lambda: tasks)
+    monkeypatch.setattr(load_client, "agent_tasks", lambda: tasks)
     for cached in (Script.make, answer_events_of, answer_stream):
         cached.cache_clear()
     yield tasks
@@ -119,6 +120,6 @@ def test_the_convoy_bench_reports_every_kind_of_work() -> None:
 
 def test_the_measured_run_is_reported_by_when_its_requests_began() -> None:
     # The first part shows what a restart left behind; the last part may be shorter.
-    run = load.Run(seconds=25.0, ttfb=[0.5, 0.01, 0.02, 0.03], started=[100.0, 109.9, 110.0, 124.9],
-                   began=100.0)
+    run = Run(seconds=25.0, ttfb=[0.5, 0.01, 0.02, 0.03], started=[100.0, 109.9, 110.0, 124.9],
+              began=100.0)
     assert load.by_window(run, 10.0) == [[0.5, 0.01], [0.02], [0.03]]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import trajectories as bench
+from bench.harness import agent_runs as runs
 from bench.harness.codex import (
     SUMMARY_PREFIX,
     AutoCompact,
@@ -18,10 +19,9 @@ from bench.harness.codex import (
     message_text,
     user_message,
 )
-from bench.trajectories import Task
 
 pytestmark = pytest.mark.skipif(
-    not (bench.TRAJECTORIES.parent / "fixtures" / "codex").is_dir(),
+    not (runs.TRAJECTORIES.parent / "fixtures" / "codex").is_dir(),
     reason="../shared/fixtures/codex (the Codex request shapes the replay uses) is absent",
 )
 
@@ -49,12 +49,12 @@ def write_run(folder: Path, name: str, steps: int, patch_hash: str) -> Path:
 
 
 @pytest.fixture
-def tasks(tmp_path: Path) -> list[bench.Task]:
-    return [bench.load_task(write_run(tmp_path, name, 6, h)) for name, h in
+def tasks(tmp_path: Path) -> list[runs.Task]:
+    return [runs.load_task(write_run(tmp_path, name, 6, h)) for name, h in
             (("alpha", "1111111aaa..2222222bbb"), ("beta", "3333333ccc..4444444ddd"))]
 
 
-def test_a_run_becomes_codex_steps_with_exec_outputs(tasks: list[bench.Task]) -> None:
+def test_a_run_becomes_codex_steps_with_exec_outputs(tasks: list[runs.Task]) -> None:
     task = tasks[0]
     assert len(task.steps) == 7  # six commands and the submission
     assert task.steps[0].command == "grep -n render_alpha_0 widgets/core.py"
@@ -65,19 +65,19 @@ def test_a_run_becomes_codex_steps_with_exec_outputs(tasks: list[bench.Task]) ->
     assert "index 1111111aaa..2222222bbb" in task.submitted
 
 
-def test_a_later_task_asks_for_an_earlier_tasks_patch(tasks: list[bench.Task]) -> None:
-    session = bench.build_session(tasks)
+def test_a_later_task_asks_for_an_earlier_tasks_patch(tasks: list[runs.Task]) -> None:
+    session = runs.build_session(tasks)
     assert session.kind == "2 tasks"
     assert [(a.task, a.source, a.value) for a in session.asks] == [
         (1, 0, "1111111aaa..2222222bbb")]
     assert session.prompt(1).startswith("Before you start")
-    assert bench.build_session(tasks).thread == session.thread  # stable across processes
+    assert runs.build_session(tasks).thread == session.thread  # stable across processes
 
 
 async def test_direct_replay_equals_itself_and_reaches_the_ask(
-    tasks: list[bench.Task], tmp_path: Path
+    tasks: list[runs.Task], tmp_path: Path
 ) -> None:
-    session, shapes = bench.build_session(tasks), load_shapes()
+    session, shapes = runs.build_session(tasks), load_shapes()
     a = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "a", limit=10**9)
     b = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "b", limit=10**9)
     assert [(x.input_tokens, x.cached_tokens) for x in a.bills] == [
@@ -90,9 +90,9 @@ async def test_direct_replay_equals_itself_and_reaches_the_ask(
 
 
 async def test_the_client_compacts_when_the_reported_input_passes_its_limit(
-    tasks: list[bench.Task], tmp_path: Path
+    tasks: list[runs.Task], tmp_path: Path
 ) -> None:
-    session, shapes = bench.build_session(tasks), load_shapes()
+    session, shapes = runs.build_session(tasks), load_shapes()
     whole = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "w", limit=10**9)
     limit = whole.bills[4].input_tokens  # passed by the sixth request
     run = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "c", limit=limit)
@@ -121,9 +121,9 @@ def test_a_compacted_history_keeps_context_prompts_and_summary() -> None:
 
 
 async def test_through_the_proxy_every_step_is_replayed_and_billed(
-    tasks: list[bench.Task], tmp_path: Path
+    tasks: list[runs.Task], tmp_path: Path
 ) -> None:
-    session, shapes = bench.build_session(tasks), load_shapes()
+    session, shapes = runs.build_session(tasks), load_shapes()
     direct = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "d")
     proxied = await bench.run_one(bench.strategy("p:MEMORY_ENABLED=false"), session, shapes,
                                   tmp_path / "p")  # run_one checks usage seen == billed
@@ -136,28 +136,28 @@ def test_a_strategy_naming_no_setting_is_refused() -> None:
         bench.strategy("bad:NOT_A_SETTING=1")
 
 
-@pytest.mark.skipif(not bench.TRAJECTORIES.is_dir(),
+@pytest.mark.skipif(not runs.TRAJECTORIES.is_dir(),
                     reason="../shared/trajectories (the real runs) is absent")
 def test_the_shared_runs_load_as_tasks() -> None:
-    paths = sorted(bench.TRAJECTORIES.glob("*.traj.json"))
-    tasks = [bench.load_task(p) for p in bench.select(paths, False, 10)]
-    repos = [bench.repo_of(t.name) for t in tasks]
+    paths = sorted(runs.TRAJECTORIES.glob("*.traj.json"))
+    tasks = [runs.load_task(p) for p in bench.select(paths, False, 10)]
+    repos = [runs.repo_of(t.name) for t in tasks]
     assert {r: repos.count(r) for r in repos} == {
         "django": 10, "matplotlib": 10, "scikit-learn": 10}  # a spread of each repository
     held_out = bench.select(paths, False, 10, held_out=True)
     assert len(held_out) == len(paths) - 30 and not {p.name for p in held_out} & {
         t.name + ".traj.json" for t in tasks}
     assert all(t.steps and t.steps[0].command for t in tasks)
-    assert bench.build_session(tasks[:5]).asks  # at least one earlier patch can be asked for
+    assert runs.build_session(tasks[:5]).asks  # at least one earlier patch can be asked for
 
 
 def test_every_run_of_tasks_gets_a_session_id_of_its_own() -> None:
     # Two tasks once shared one (a weak checksum), and so one memory store in the replay.
     names = [f"django__django-{n}" for n in range(10000, 16000)]
-    assert len({bench.stable_thread([n]) for n in names}) == len(names)
-    assert bench.stable_thread(["django__django-11149"]) != bench.stable_thread(
+    assert len({runs.stable_thread([n]) for n in names}) == len(names)
+    assert runs.stable_thread(["django__django-11149"]) != runs.stable_thread(
         ["django__django-15380"])
-    assert bench.stable_thread(["a", "b"]) == bench.stable_thread(["a", "b"])
+    assert runs.stable_thread(["a", "b"]) == runs.stable_thread(["a", "b"])
 
 
 @pytest.mark.parametrize("write", [False, True])
@@ -177,5 +177,5 @@ def test_no_write_leaves_the_results_and_the_figure_alone(
 def test_the_report_names_the_plot_only_when_one_is_made(plot: Path | None) -> None:
     args = argparse.Namespace(plot=plot, all=False, held_out=False, scope="user", ttl=600.0,
                               limit=220_000)
-    text = bench.report([], [Task("t", "system", "prompt", ())], args, 1.0, "cmd")
+    text = bench.report([], [runs.Task("t", "system", "prompt", ())], args, 1.0, "cmd")
     assert ("Plot: `bench/trajectories.png`." in text) == (plot is not None)

@@ -168,7 +168,7 @@ def create_app(scripted: dict[str, list[bytes]] | None = None) -> web.Applicatio
         answer = events
         if key is not None:
             if key not in scripted:
-                from bench.load import answer_events_of  # it imports this module
+                from bench.harness.load_client import answer_events_of  # it imports this module
 
                 scripted[key] = answer_events_of(key)
             answer = scripted[key]
@@ -206,7 +206,7 @@ def main() -> None:
     args = parser.parse_args()
     scripted: dict[str, list[bytes]] = {}
     if args.scripts:
-        from bench.load import Script, answer_streams
+        from bench.harness.load_client import Script, answer_streams
 
         scripted = answer_streams([Script.make(s, args.turns, args.shape)
                                    for s in range(args.scripts)])

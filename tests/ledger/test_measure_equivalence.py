@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from bench.harness import ledger_reference as reference
 from bench.harness import session as bench_session
+from bench.harness.load_client import Script, Thread
 from bench.harness.serving import Running
-from bench.load import Script, Thread
 from ctxproxy.injectors import tokens
 from ctxproxy.ledger import counterfactual
 from ctxproxy.ledger.counterfactual import DirectCache, Measure, PartCounter
