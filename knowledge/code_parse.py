@@ -284,60 +284,10 @@ def _go_receiver(node: ts.Node) -> str | None:
 def parse(source: bytes, language: str) -> ParsedFile:
     """The symbols, uses and imports of one file."""
     grammar = _grammar(language)
-    tree = grammar.parser.parse(source)
-    root = tree.root_node
+    root = grammar.parser.parse(source).root_node
     out = ParsedFile(language)
-
-    # Definitions, outermost first, with the byte span each covers.
-    found: list[tuple[int, int, str, str, ts.Node]] = []
-    name_starts: set[int] = set()
-    for _, captures in ts.QueryCursor(grammar.definitions).matches(root):
-        name_nodes = captures.get("name")
-        if not name_nodes:
-            continue
-        for key, nodes in captures.items():
-            if key.startswith("def."):
-                node, name = nodes[0], _text(name_nodes[0])
-                kind = _kind(language, key[4:], node, name)
-                if kind is not None:
-                    found.append((node.start_byte, -node.end_byte, kind, name, node))
-                    name_starts.add(name_nodes[0].start_byte)
-    found.sort(key=lambda f: (f[0], f[1]))
-
-    spans: list[tuple[int, int]] = []  # (start, end) byte spans; index = symbol index
-    kinds: list[str] = []
-    symbols: list[Symbol | None] = []
-    stack: list[int] = []
-    for start, neg_end, kind, name, node in found:
-        while stack and spans[stack[-1]][1] <= start:
-            stack.pop()
-        parent = stack[-1] if stack else None
-        parent_name = None
-        if parent is not None:
-            above = symbols[parent]
-            parent_name = above.qualname if above is not None else found[parent][3]
-        if kind == "function" and parent is not None and kinds[parent] in _CLASSLIKE:
-            kind = "method"
-        if language == "go" and kind == "method":
-            parent_name = _go_receiver(node) or parent_name
-        index = len(spans)
-        spans.append((start, -neg_end))
-        kinds.append(kind)
-        stack.append(index)
-        if kind == "impl":
-            symbols.append(None)
-            continue
-        doc = _python_doc(node) if language == "python" else _comment_doc(node)
-        symbols.append(Symbol(
-            name=name,
-            qualname=f"{parent_name}.{name}" if parent_name else name,
-            kind=kind,
-            start_line=node.start_point.row + 1,
-            end_line=node.end_point.row + 1,
-            signature=_signature(node),
-            doc=doc[:MAX_DOC],
-            parent=parent,
-        ))
+    found, name_starts = _definitions(grammar, root, language)
+    spans, symbols = _nest(found, language)
 
     # Renumber without the impl containers.
     renumber: dict[int, int] = {}
@@ -355,6 +305,71 @@ def parse(source: bytes, language: str) -> ParsedFile:
                             node.start_point.row + 1))
     out.imports.sort(key=lambda i: i[1])
     return out
+
+
+_Found = tuple[int, int, str, str, ts.Node]  # start byte, minus end byte, kind, name, node
+
+
+def _definitions(
+    grammar: _Grammar, root: ts.Node, language: str
+) -> tuple[list[_Found], set[int]]:
+    """The definitions, outermost first, and where their names start."""
+    found: list[_Found] = []
+    name_starts: set[int] = set()
+    for _, captures in ts.QueryCursor(grammar.definitions).matches(root):
+        name_nodes = captures.get("name")
+        if not name_nodes:
+            continue
+        for key, nodes in captures.items():
+            if key.startswith("def."):
+                node, name = nodes[0], _text(name_nodes[0])
+                kind = _kind(language, key[4:], node, name)
+                if kind is not None:
+                    found.append((node.start_byte, -node.end_byte, kind, name, node))
+                    name_starts.add(name_nodes[0].start_byte)
+    found.sort(key=lambda f: (f[0], f[1]))
+    return found, name_starts
+
+
+def _nest(
+    found: list[_Found], language: str
+) -> tuple[list[tuple[int, int]], list[Symbol | None]]:
+    """Each definition's byte span and symbol (None for an impl container), its parent the
+    innermost definition around it; indexes follow ``found``."""
+    spans: list[tuple[int, int]] = []
+    kinds: list[str] = []
+    symbols: list[Symbol | None] = []
+    stack: list[int] = []
+    for start, neg_end, kind, name, node in found:
+        while stack and spans[stack[-1]][1] <= start:
+            stack.pop()
+        parent = stack[-1] if stack else None
+        parent_name = None
+        if parent is not None:
+            above = symbols[parent]
+            parent_name = above.qualname if above is not None else found[parent][3]
+        if kind == "function" and parent is not None and kinds[parent] in _CLASSLIKE:
+            kind = "method"
+        if language == "go" and kind == "method":
+            parent_name = _go_receiver(node) or parent_name
+        spans.append((start, -neg_end))
+        kinds.append(kind)
+        stack.append(len(spans) - 1)
+        if kind == "impl":
+            symbols.append(None)
+            continue
+        doc = _python_doc(node) if language == "python" else _comment_doc(node)
+        symbols.append(Symbol(
+            name=name,
+            qualname=f"{parent_name}.{name}" if parent_name else name,
+            kind=kind,
+            start_line=node.start_point.row + 1,
+            end_line=node.end_point.row + 1,
+            signature=_signature(node),
+            doc=doc[:MAX_DOC],
+            parent=parent,
+        ))
+    return spans, symbols
 
 
 def _nearest(
