@@ -70,19 +70,7 @@ def measure() -> list[tuple[str, float]]:
             usage.feed(event)
         usage.usage()
 
-    access = logging.Logger("bench.access")
-    with open(os.devnull, "w") as devnull:
-        handler = logging.StreamHandler(devnull)
-        handler.setFormatter(JsonFormatter())
-        access.addHandler(handler)
-        line: dict[str, Any] = {
-            "request_id": bench_session.SESSION_ID, "method": "POST", "path": "/v1/responses",
-            "status": 200, "total_ms": 3.1, "route": "responses",
-            "session_id": bench_session.SESSION_ID,
-            "turns_in": 30, "turns_forwarded": 5, "items_cut": len(cut.cut), "bytes_in": len(raw),
-            "bytes_forwarded": 37070, "forwarded_ratio": 0.25, "ttfb_ms": 1.2,
-            "input_tokens": 36211, "cached_tokens": 30720, "output_tokens": 412}
-        log_us = best_us(lambda: access.info("request", extra=fields(**line)), 2000)
+    log_us = _access_line_us(len(raw), len(cut.cut))
 
     metrics = Metrics()
 
@@ -115,6 +103,24 @@ def measure() -> list[tuple[str, float]]:
         ]
     finally:
         gc.enable()
+
+
+def _access_line_us(bytes_in: int, items_cut: int) -> float:
+    """One access-log line, formatted as JSON and written to /dev/null."""
+    access = logging.Logger("bench.access")
+    with open(os.devnull, "w") as devnull:
+        handler = logging.StreamHandler(devnull)
+        handler.setFormatter(JsonFormatter())
+        access.addHandler(handler)
+        line: dict[str, Any] = {
+            "request_id": bench_session.SESSION_ID, "method": "POST", "path": "/v1/responses",
+            "status": 200, "total_ms": 3.1, "route": "responses",
+            "session_id": bench_session.SESSION_ID,
+            "turns_in": 30, "turns_forwarded": 5, "items_cut": items_cut, "bytes_in": bytes_in,
+            "bytes_forwarded": 37070, "forwarded_ratio": 0.25, "ttfb_ms": 1.2,
+            "input_tokens": 36211, "cached_tokens": 30720, "output_tokens": 412}
+        log_us = best_us(lambda: access.info("request", extra=fields(**line)), 2000)
+    return log_us
 
 
 def table(*runs: list[tuple[str, float]]) -> str:

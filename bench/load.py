@@ -68,10 +68,14 @@ from bench.harness.processes import (
     NAIVE_CMD,
     UPSTREAM_CMD,
     Proc,
+    cpu_since,
     proxy_cmd,
     server_env,
     start,
     stop,
+    tree,
+    tree_cpu_s,
+    vm_kib,
 )
 from bench.harness.results import RESULTS, write_block
 from bench.harness.serving import free_port
@@ -143,52 +147,6 @@ def start_proxy(upstream: Proc, workdir: Path, data_dir: Path, profile: Path | N
             raise RuntimeError(f"proxy workers did not all come up:\n{proc.log.read_text()}")
         time.sleep(0.05)  # start-up polling only; nothing is measured here
     return proc
-
-
-def tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (a supervisor and its workers)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
-            except OSError:
-                continue  # gone meanwhile
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo += children.get(found[-1], [])
-    return found
-
-
-def tree_cpu_s(root: int) -> dict[int, float]:
-    """On-CPU seconds of every thread of ``root`` and its descendants now (children that
-    start later, as the workers' ledger processes do, are found at each call), by process,
-    from schedstat."""
-    seconds: dict[int, float] = {}
-    for pid in tree(root):
-        with contextlib.suppress(OSError):
-            total = 0
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            seconds[pid] = total / 1e9
-    return seconds
-
-
-def cpu_since(root: int, before: dict[int, float]) -> float:
-    """On-CPU seconds of ``root``'s tree since ``before`` (``tree_cpu_s``): a process
-    started since counts from its start (one that ended meanwhile is missed)."""
-    return sum(s - before.get(pid, 0.0) for pid, s in tree_cpu_s(root).items())
-
-
-def vm_kib(pid: int, field_name: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def scrape(proc: Proc) -> dict[str, float]:
@@ -383,11 +341,14 @@ def by_window(run: Run, seconds: float) -> list[list[float]]:
 
 
 def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
-    d, p, m, r0 = o.direct, o.proxied, o.metrics, o.relay
-    errors = sum(p.errors.values())
+    """The RESULTS block: what ran, the latency table, then notes."""
+    return "\n".join([*_setup(args, seconds), "", *_table(o), "", *_notes(o, args)])
+
+
+def _setup(args: argparse.Namespace, seconds: float) -> list[str]:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join([".venv/bin/python -m bench.load", *args.argv])
-    lines = [
+    return [
         f"Measured {stamp} with `{command}` on {machine()}. Run "
         f"time {seconds:.0f} s.",
         "",
@@ -415,7 +376,12 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"The sessions go on from a {args.warmup_seconds:g} s warm-up, which is not counted in "
         "the rows but its own (every session new to the proxy, all arriving within one answer's "
         "time: as after a restart).",
-        "",
+    ]
+
+
+def _table(o: Outcome) -> list[str]:
+    d, p, r0 = o.direct, o.proxied, o.relay
+    lines = [
         "| | requests | errors | requests/s | TTFB p50 ms | TTFB p99 ms | stream p50 ms "
         "| stream p99 ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -437,11 +403,14 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         f"| **{_q(p.ttfb, .99) - _q(d.ttfb, .99):.1f}** "
         f"| {_q(p.total, .5) - _q(d.total, .5):.0f} | {_q(p.total, .99) - _q(d.total, .99):.0f} |",
     ]
+    return lines
+
+
+def _notes(o: Outcome, args: argparse.Namespace) -> list[str]:
+    d, p, r0 = o.direct, o.proxied, o.relay
+    errors = sum(p.errors.values())
     windows = by_window(p, WINDOW_S)
-    recalls = m.get("ctxproxy_memory_recall_seconds_count", 0.0)
-    recall_ms = 1000 * m.get("ctxproxy_memory_recall_seconds_sum", 0.0) / max(recalls, 1.0)
-    lines += [
-        "",
+    return [
         f"- Errors through the proxy: **{errors}**"
         + (f" ({dict(p.errors)})" if errors else "") + f"; direct: {sum(d.errors.values())}; "
         f"the bare relay: {sum(r0.errors.values())}.",
@@ -469,6 +438,24 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
            "the rest of what the client saw is its own and the connection's."]
           if (held := o.prepare_ms.get("all")) and (up := o.prepare_ms.get("upstream"))
           else []),
+        _from_metrics(o, args),
+        *([f"- The event loop's lag (/metrics, measured run, every worker's samples): "
+           f"p50 under {lag[0]}, p99 under {lag[1]}."] if (lag := o.loop_lag) else []),
+        "- Added latency is the difference of the quantiles of two runs of the same load "
+        "(straight to the upstream, then through the proxy), so it includes the CPU the "
+        "proxy takes from the client and the upstream on the same two cores.",
+        f"- The {os.cpu_count()} cores are shared: this client, the fake upstream, the proxy"
+        + (f"'s {args.workers} workers" if args.workers > 1 else "") + " and other people's "
+        "jobs on the machine (load average in the first line) all run on them; more workers "
+        "than free cores only add contention.",
+    ]
+
+
+def _from_metrics(o: Outcome, args: argparse.Namespace) -> str:
+    m = o.metrics
+    recalls = m.get("ctxproxy_memory_recall_seconds_count", 0.0)
+    recall_ms = 1000 * m.get("ctxproxy_memory_recall_seconds_sum", 0.0) / max(recalls, 1.0)
+    return (
         "- From the proxy's /metrics (warm-up included"
         + (f"; its {args.workers} workers added up" if args.workers > 1 else "") + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
@@ -489,18 +476,8 @@ def report(o: Outcome, args: argparse.Namespace, seconds: float) -> str:
         + "; ledger rows dropped: " + ", ".join(
             f"{m.get(f'ctxproxy_ledger_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("full", "failed"))
-        + f". Episodes stored after shutdown: {o.episodes:,}.",
-        *([f"- The event loop's lag (/metrics, measured run, every worker's samples): "
-           f"p50 under {lag[0]}, p99 under {lag[1]}."] if (lag := o.loop_lag) else []),
-        "- Added latency is the difference of the quantiles of two runs of the same load "
-        "(straight to the upstream, then through the proxy), so it includes the CPU the "
-        "proxy takes from the client and the upstream on the same two cores.",
-        f"- The {os.cpu_count()} cores are shared: this client, the fake upstream, the proxy"
-        + (f"'s {args.workers} workers" if args.workers > 1 else "") + " and other people's "
-        "jobs on the machine (load average in the first line) all run on them; more workers "
-        "than free cores only add contention.",
-    ]
-    return "\n".join(lines)
+        + f". Episodes stored after shutdown: {o.episodes:,}."
+    )
 
 
 def write_results(text: str, workers: int = 1, postgres: bool = False,

@@ -234,8 +234,13 @@ def report(res: Results, proxies: list[str], body_kb: float) -> str:
         row("CPU per request / the bare relay's, c=1", "<= 1.5x",
             [vs_relay(res.cpu, p, False) for p in proxies])
 
+    return "\n".join([*rows, "", *_notes(res, proxies, body_kb)])
+
+
+def _notes(res: Results, proxies: list[str], body_kb: float) -> list[str]:
+    med = statistics.median
     answer = answer_events()
-    notes = [
+    return [
         f"- Request: {body_kb:.0f} KB, {TURNS} turns (bench/harness/session.py), streaming. "
         f"Answer: {len(answer)} SSE events, {len(b''.join(answer)) / 1024:.0f} KB, one event per "
         "write (bench/harness/upstream.py). Every answer is checked byte for byte against the "
@@ -256,7 +261,6 @@ def report(res: Results, proxies: list[str], body_kb: float) -> str:
         + ". Throughput is bounded by client + proxy + upstream CPU together, which is why "
         "the CPU ratio is the steadier figure.",
     ]
-    return "\n".join([*rows, "", *notes])
 
 
 def write_results(text: str) -> None:

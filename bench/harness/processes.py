@@ -3,6 +3,7 @@ polled until /healthz answers, their CPU time read from /proc, stopped with SIGT
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -113,3 +114,48 @@ def start_proxy(name: str, upstream: Proc, workdir: Path, keep_turns: int | None
     env = server_env(settings)
     return start(name, proxy_cmd(profile), env, port, workdir)
 
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a supervisor and its workers)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
+            except OSError:
+                continue  # gone meanwhile
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def tree_cpu_s(root: int) -> dict[int, float]:
+    """On-CPU seconds of every thread of ``root`` and its descendants now (children that
+    start later, as the workers' ledger processes do, are found at each call), by process,
+    from schedstat."""
+    seconds: dict[int, float] = {}
+    for pid in tree(root):
+        with contextlib.suppress(OSError):
+            total = 0
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            seconds[pid] = total / 1e9
+    return seconds
+
+
+def cpu_since(root: int, before: dict[int, float]) -> float:
+    """On-CPU seconds of ``root``'s tree since ``before`` (``tree_cpu_s``): a process
+    started since counts from its start (one that ended meanwhile is missed)."""
+    return sum(s - before.get(pid, 0.0) for pid, s in tree_cpu_s(root).items())
+
+
+def vm_kib(pid: int, field_name: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
