@@ -336,6 +336,14 @@ class Settings(BaseSettings):
         "section): no gate keeps that noise out without losing facts.",
     )
 
+    vector_cache_mb: float = Field(
+        256.0, gt=0,
+        description="MiB of memory vectors each process holds for the exact search, loaded "
+        "per scope on its first search; past it the least recently searched scopes are "
+        "dropped (and read again from the store when searched). One scope larger than it "
+        "is still held, alone.",
+    )
+
     # --- stats: the request ledger (ctxproxy stats, /ui) -------------------------------------
     stats_enabled: bool = Field(
         True,
