@@ -50,6 +50,7 @@ import numpy as np
 import orjson
 
 from bench import recall as lexical
+from bench import recall_data
 from bench.harness.results import RESULTS, write_block
 from bench.harness.serving import serve_plain
 from bench.paraphrases import PARAPHRASES, SETS, Paraphrase, shared_words
@@ -73,32 +74,33 @@ FACTS = 4  # paraphrased facts stated per session (and one lexical)
 
 @dataclass
 class Ask:
-    fact: lexical.Fact
+    fact: recall_data.Fact
     kind: str  # paraphrase | lexical
 
 
 def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
-             absent: Sequence[str] = ()) -> list[tuple[lexical.Session, dict[int, Ask]]]:
+             absent: Sequence[str] = ()) -> list[tuple[recall_data.Session, dict[int, Ask]]]:
     """len(cases) // FACTS sessions; each states FACTS paraphrase facts and one lexical fact,
     then asks its first two, the previous session's last two, its lexical one, and its share
     of the ``absent`` questions (whose answer no session states)."""
     rng = random.Random(seed)
     cases = list(cases)
     rng.shuffle(cases)
-    lexical_facts = lexical.all_facts(rng)
+    lexical_facts = recall_data.all_facts(rng)
     count = len(cases) // FACTS
     out = []
-    previous: list[lexical.Fact] = []
+    previous: list[recall_data.Fact] = []
     for n in range(count):
-        own = [lexical.Fact(c.statement, c.question, c.marker)
+        own = [recall_data.Fact(c.statement, c.question, c.marker)
                for c in cases[n * FACTS:(n + 1) * FACTS]]
         easy = lexical_facts[n % len(lexical_facts)]
-        prompts = [rng.choice(lexical.TASKS)]
+        prompts = [rng.choice(recall_data.TASKS)]
         for fact in [*own, easy]:
-            prompts.append(f"{fact.statement} "
-                           f"{rng.choice(lexical.FILLER).format(m=rng.choice(lexical.MODULES))}")
+            filler = rng.choice(recall_data.FILLER)
+            prompts.append(f"{fact.statement} {filler.format(m=rng.choice(recall_data.MODULES))}")
         while len(prompts) < 12:
-            prompts.append(rng.choice(lexical.FILLER).format(m=rng.choice(lexical.MODULES)))
+            filler = rng.choice(recall_data.FILLER)
+            prompts.append(filler.format(m=rng.choice(recall_data.MODULES)))
         asked = [*own[:2], *(previous[2:] if previous else own[2:])]
         asks: dict[int, Ask] = {}
         for fact in asked:
@@ -107,9 +109,9 @@ def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
         asks[len(prompts)] = Ask(easy, "lexical")
         prompts.append(easy.question)
         for question in absent[n::count]:
-            asks[len(prompts)] = Ask(lexical.Fact("", question, ""), "absent")
+            asks[len(prompts)] = Ask(recall_data.Fact("", question, ""), "absent")
             prompts.append(question)
-        session = lexical.Session(f"hybrid-{seed}-{n}", prompts,
+        session = recall_data.Session(f"hybrid-{seed}-{n}", prompts,
                                   {t: a.fact for t, a in asks.items()}, {})
         out.append((session, asks))
         previous = own
@@ -187,7 +189,7 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
         probe = Probe(app[MEMORY].step._preparer._recaller)
         async with aiohttp.ClientSession() as client:
             for n, (session, asks) in enumerate(sessions(seed, cases, absent)):
-                for turn, body, headers in lexical.session_requests(session, seed + n):
+                for turn, body, headers in recall_data.session_requests(session, seed + n):
                     async with client.post(proxy_url + "/v1/responses",
                                            data=orjson.dumps(body), headers=headers) as resp:
                         await resp.read()
@@ -228,13 +230,13 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
 
 async def ingest_rate(url: str, model: str, tmp: Path, n: int = 96) -> tuple[float, float]:
     """Episodes and texts (chunks) embedded per second by the indexer."""
-    text = lexical.Text(seed=5)
+    text = recall_data.Text(seed=5)
     store = make_store(load_settings(env={}, data_dir=tmp / "ingest"))
     await store.open()
     embedder = HttpEmbedder(url, model=model, timeout_s=600)
     try:
         now = time.time()
-        episodes = await store.upsert([text.memory(lexical.SCOPE, i, now) for i in range(n)])
+        episodes = await store.upsert([text.memory(recall_data.SCOPE, i, now) for i in range(n)])
         episodes = [m for m in episodes if m.type != "working"]
         texts = []
         indexer = Indexer(store, embedder, batch=32, timeout_s=60,
@@ -256,7 +258,7 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
         store = make_store(settings)
         await store.open()
         rng = np.random.default_rng(7)
-        text = lexical.Text(seed=11)
+        text = recall_data.Text(seed=11)
         now = time.time()
         try:
             print(f"[{name}] filling to {args.size} memories with vectors ...", flush=True)
@@ -273,7 +275,7 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
                     VectorRow(m.memory_id, 0, 0, len(m.text), "bench-random",
                               content_digest("bench-random", m.text), pack(v))
                     for m, v in zip(batch, matrix, strict=True)])
-                vectors += sum(m.scope == lexical.SCOPE for m in batch)
+                vectors += sum(m.scope == recall_data.SCOPE for m in batch)
                 after = batch[-1].memory_id
             await store.close()
             await analyze_all(values)
@@ -282,19 +284,19 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
             queries = rng.standard_normal((args.queries + 1, dim)).astype(np.float32)
             queries /= np.linalg.norm(queries, axis=1, keepdims=True)
             t0 = time.perf_counter()
-            await store.vector_search(lexical.SCOPE, queries[0], "bench-random", now=now)
+            await store.vector_search(recall_data.SCOPE, queries[0], "bench-random", now=now)
             cold = (time.perf_counter() - t0) * 1000
             vector_ms, text_ms, both_ms = [], [], []
-            asked = lexical.questions(args.queries)
+            asked = recall_data.questions(args.queries)
             for q, v in zip(asked, queries[1:], strict=True):
                 t0 = time.perf_counter()
-                await store.vector_search(lexical.SCOPE, v, "bench-random", limit=20, now=now)
+                await store.vector_search(recall_data.SCOPE, v, "bench-random", limit=20, now=now)
                 t1 = time.perf_counter()
-                await store.search(lexical.SCOPE, q, limit=20, now=now)
+                await store.search(recall_data.SCOPE, q, limit=20, now=now)
                 t2 = time.perf_counter()
                 await asyncio.gather(  # as recall runs them
-                    store.vector_search(lexical.SCOPE, v, "bench-random", limit=20, now=now),
-                    store.search(lexical.SCOPE, q, limit=20, now=now))
+                    store.vector_search(recall_data.SCOPE, v, "bench-random", limit=20, now=now),
+                    store.search(recall_data.SCOPE, q, limit=20, now=now))
                 t3 = time.perf_counter()
                 vector_ms.append((t1 - t0) * 1000)
                 text_ms.append((t2 - t1) * 1000)
