@@ -12,11 +12,12 @@ the scope the sessions use), then:
 - store latency: ``search`` (the ranked full-text candidates of recall) and ``list`` (the recent
   window) over that scope, p50/p95 over many questions;
 - end to end: long synthetic Codex sessions (shapes from ../shared/fixtures/codex, text written
-  in bench/recall_data.py, as is the background's) go through the real proxy (``proxy.assemble.build_app``) to an in-process fake upstream
-  that records what it received. Each session states facts in its first turns and asks about
-  them many turns later, after the window (5 turns) has cut them. Reported: recall@k (the share
-  of asks whose fact was in the forwarded prompt while its statement was not), the memory
-  tokens the memory step added to those requests, and the time spent in the memory step.
+  in bench/recall_data.py, as is the background's) go through the real proxy
+  (``proxy.assemble.build_app``) to an in-process fake upstream that records what it
+  received. Each session states facts in its first turns and asks about them many turns
+  later, after the window (5 turns) has cut them. Reported: recall@k (the share of asks whose
+  fact was in the forwarded prompt while its statement was not), the memory tokens the memory
+  step added to those requests, and the time spent in the memory step.
 """
 
 from __future__ import annotations
