@@ -42,6 +42,10 @@ UPSTREAM = web.AppKey("upstream", Upstream)
 ANTHROPIC = web.AppKey("anthropic", Upstream)  # the Anthropic API (ANTHROPIC_URL)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
+# What /readyz asks besides start-up and shutdown: each side's name and whether it can serve
+# (the memory store reachable, say), so a load balancer routes around a replica that cannot.
+ReadyCheck = Callable[[], Awaitable[bool]]
+READY_CHECKS: web.AppKey[dict[str, ReadyCheck]] = web.AppKey("ready_checks")
 PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
@@ -86,6 +90,7 @@ def create_app(
     app[METRICS] = metrics = Metrics()
     app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
+    app[READY_CHECKS] = {}
     app[CLOCK] = clock
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -263,8 +268,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ready = request.app[READY]["ready"]
-    return web.json_response({"ready": ready}, status=200 if ready else 503)
+    if not request.app[READY]["ready"]:
+        return web.json_response({"ready": False}, status=503)
+    checks = request.app[READY_CHECKS]
+    answers = await asyncio.gather(*(check() for check in checks.values()))
+    failing = [name for name, ok in zip(checks, answers, strict=True) if not ok]
+    if failing:
+        return web.json_response({"ready": False, "failing": failing}, status=503)
+    return web.json_response({"ready": True})
 
 
 PEER_SCRAPE_TIMEOUT_S = 2.0
