@@ -15,7 +15,7 @@ from ctxproxy.config import load_settings
 from ctxproxy.proxy.app import METRICS
 from ctxproxy.proxy.assemble import build_app
 from tests.e2e.test_chat_sdk import ledger_rows
-from tests.e2e.test_codex import ctxproxy
+from tests.e2e.test_readme_claude import readme_wiki
 from tests.fakes.chat import system_text
 from tests.fakes.server import free_port, serve
 from tests.fakes.upstream import FakeUpstream
@@ -32,14 +32,7 @@ def readme_block() -> str:
 async def test_the_readme_setup_reaches_the_proxy_with_its_identity_and_session(
     tmp_path: Path,
 ) -> None:
-    data = tmp_path / "data"
-    wiki = tmp_path / "wiki"
-    wiki.mkdir()
-    (wiki / "auth.md").write_text("# Authentication\n\nTokens rotate every hour at the gate.\n")
-    printed = await ctxproxy(data, "knowledge", "add-wiki", "--team", "team-123", "--name",
-                             "Handbook", "--summary", "How we work", str(wiki))
-    await ctxproxy(data, "knowledge", "bind", "--agent", "coder", "--user-key", USER_KEY,
-                   printed.split()[0])
+    data = await readme_wiki(tmp_path, USER_KEY)
     fake = FakeUpstream()
     up = await serve(fake.app())
     port = free_port()
