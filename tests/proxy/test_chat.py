@@ -309,3 +309,14 @@ def test_client_keys_with_a_chat_url_need_a_chat_key() -> None:
     with pytest.raises(SettingsError, match="CTXPROXY_CHAT_API_KEY"):
         load_settings(env=env)
     assert load_settings(env={**env, "CTXPROXY_CHAT_API_KEY": "sk-c"}).chat_api_key
+
+
+def test_a_huge_integer_in_a_message_sends_the_clients_bytes_rather_than_rounding_it() -> None:
+    from ctxproxy.request import NotAResponsesRequest
+
+    messages = session(5)
+    raw = orjson.dumps(chat.request(messages)).replace(
+        b'"content":"noted"', b'"content":"noted","seed":123456789012345678901234567890')
+    ex = exchange(raw)
+    with pytest.raises(NotAResponsesRequest, match="64 bits"):
+        cut(ex, 0)  # written back whole: the message holding it is the client's own
