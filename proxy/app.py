@@ -404,7 +404,7 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
     request[SENT] = Sent(at, raw, body, ex, client_body,
-                         ex.body if ex is not None and body is not raw else None)
+                         ex.body if ex is not None and body is not raw else None, protocol.name)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
     path = {"responses": "responses", "chat": "chat/completions"}.get(
         protocol.name, "v1/messages")

@@ -20,7 +20,9 @@ from ctxproxy.request.items import Item, prompt_message
 if TYPE_CHECKING:
     from ctxproxy.request.exchange import Exchange
 
-__all__ = ["CHAT", "MESSAGES", "RESPONSES", "Chat", "Messages", "Protocol", "Responses"]
+__all__ = [
+    "CHAT", "MESSAGES", "PROTOCOLS", "RESPONSES", "Chat", "Messages", "Protocol", "Responses",
+]
 
 
 class Protocol:
@@ -49,6 +51,17 @@ class Protocol:
     def write_back(self, ex: Exchange) -> dict[str, Any]:
         """The body to forward, in this protocol's shape."""
         return ex.body
+
+    def seen(self, body: Any) -> Any:
+        """A body of this protocol as the steps see it (Responses-shaped), for what reads
+        bodies after the fact (the ledger's counts, ``explain``); a body it cannot read,
+        as it is."""
+        if not isinstance(body, dict):
+            return body
+        try:
+            return self.parse(body)[0]
+        except (TypeError, ValueError):
+            return body
 
     def session(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
         cache_key = body.get("prompt_cache_key")
@@ -218,3 +231,4 @@ def _int(value: object) -> int:
 RESPONSES = Responses()
 MESSAGES = Messages()
 CHAT = Chat()
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (RESPONSES, MESSAGES, CHAT)}

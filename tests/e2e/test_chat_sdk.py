@@ -5,18 +5,14 @@ as OpenAI's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import openai
 import pytest
-from aiohttp import web
 
-from ctxproxy.ledger import Record
 from ctxproxy.proxy.app import METRICS
-from ctxproxy.proxy.ledger_wiring import LEDGER
-from tests.conftest import ProxyFactory
+from tests.conftest import ProxyFactory, ledger_rows
 from tests.e2e.test_openai_sdk import API_KEY, sdk
 from tests.fakes.chat import SYSTEM
 from tests.fakes.upstream import FakeUpstream
@@ -109,20 +105,6 @@ async def test_an_agent_loop_is_cut_with_its_calls_paired_and_counted_in_the_sta
     assert (rows[-1].turns_in, rows[-1].turns_forwarded) == (5, 2)  # oldest first
     assert rows[-1].forwarded_tokens is not None and rows[-1].client_tokens is not None
     assert rows[-1].forwarded_tokens < rows[-1].client_tokens
-
-
-async def ledger_rows(app: web.Application, session: str, count: int) -> list[Record]:
-    """The session's ledger rows, once ``count`` have been written (the row of a request is
-    handed over after its answer's last byte)."""
-    side = app[LEDGER]
-    assert side.recorder is not None and side.ledger is not None
-    for _ in range(100):
-        await side.recorder.join()
-        rows = await side.ledger.timeline(session)
-        if len(rows) >= count:
-            return rows
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{len(rows)} rows of {count}")
 
 
 async def test_a_proxy_error_reaches_the_sdk_in_openais_shape(

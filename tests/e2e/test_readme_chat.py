@@ -14,7 +14,7 @@ from pathlib import Path
 from ctxproxy.config import load_settings
 from ctxproxy.proxy.app import METRICS
 from ctxproxy.proxy.assemble import build_app
-from tests.e2e.test_chat_sdk import ledger_rows
+from tests.conftest import ledger_rows
 from tests.e2e.test_readme_claude import readme_wiki
 from tests.fakes.chat import system_text
 from tests.fakes.server import free_port, serve

@@ -13,11 +13,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from ctxproxy.config import load_settings
 from ctxproxy.config.settings import SettingsError
+from ctxproxy.injectors import tokens
+from ctxproxy.ledger import Record
+from ctxproxy.ledger.counterfactual import PartCounter
+from ctxproxy.ledger.measure import Bodies, Measurer, Pending
 from ctxproxy.proxy.app import METRICS
-from ctxproxy.request import Exchange
+from ctxproxy.request import Exchange, NotAResponsesRequest
 from ctxproxy.request.chat import parse
 from ctxproxy.request.protocol import CHAT
-from tests.conftest import ProxyFactory
+from tests.conftest import ProxyFactory, ledger_rows
 from tests.fakes import chat
 from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
@@ -184,8 +188,6 @@ def test_a_message_a_step_adds_is_a_user_message_of_its_text() -> None:
     b'{"model": "m", "messages": [], "instructions": "x"}',
 ])
 def test_a_body_the_pipeline_cannot_read_is_refused_by_the_parse(body: bytes) -> None:
-    from ctxproxy.request import NotAResponsesRequest
-
     with pytest.raises(NotAResponsesRequest):
         exchange(body)
 
@@ -312,11 +314,44 @@ def test_client_keys_with_a_chat_url_need_a_chat_key() -> None:
 
 
 def test_a_huge_integer_in_a_message_sends_the_clients_bytes_rather_than_rounding_it() -> None:
-    from ctxproxy.request import NotAResponsesRequest
-
     messages = session(5)
     raw = orjson.dumps(chat.request(messages)).replace(
         b'"content":"noted"', b'"content":"noted","seed":123456789012345678901234567890')
     ex = exchange(raw)
     with pytest.raises(NotAResponsesRequest, match="64 bits"):
         cut(ex, 0)  # written back whole: the message holding it is the client's own
+
+
+# --- stats ---------------------------------------------------------------------------------
+
+
+async def test_a_chat_request_leaves_a_ledger_row_of_its_protocol_with_its_counts(
+    start_proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    proxy = await start_proxy(keep_turns=3, window_policy="fixed", trim_slack=0,
+                              memory_enabled=False)
+    status, _ = await chat.post(proxy.url, chat.request(session(9)), chat.headers("s-row"))
+    assert status == 200
+    [row] = await ledger_rows(proxy.app, "s-row", 1)
+    assert row.protocol == "chat" and row.model == "gpt-5"
+    assert (row.turns_in, row.turns_forwarded) == (9, 3) and row.items_cut
+    assert row.input_tokens == len(upstream.last.body) // 4
+    assert row.client_tokens and row.forwarded_tokens and row.forwarded_tokens < row.client_tokens
+
+
+def test_a_chat_row_counted_from_its_bytes_counts_what_the_steps_saw() -> None:
+    """A row counted in the counting process gets the bytes, in the client's protocol: they
+    count as the proxy's parsed (Responses-shaped) bodies do."""
+    raw = orjson.dumps(chat.request(session(9)))
+    ex = exchange(raw)
+    client = dict(ex.body)
+    sent = orjson.dumps(cut(ex, 6))
+    record = Record(at=0.0, session_id="s", model="gpt-5", status=200, protocol="chat")
+    from_bytes = Measurer(PartCounter(tokens.count)).measure(
+        Pending(record, raw, sent, parsed=True))
+    from_bodies = Measurer(PartCounter(tokens.count)).measure(Pending(
+        record, b"", None, parsed=True, bodies=Bodies(client, ex.body, len(raw))))
+    assert from_bytes.client_tokens == from_bodies.client_tokens
+    assert from_bytes.forwarded_tokens == from_bodies.forwarded_tokens
+    assert from_bytes.forwarded_tokens is not None and from_bytes.client_tokens is not None
+    assert from_bytes.forwarded_tokens < from_bytes.client_tokens

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from ctxproxy.proxy.app import METRICS
-from tests.conftest import ProxyFactory
+from tests.conftest import ProxyFactory, ledger_rows
 from tests.e2e.test_codex import IDENTITY, bind_wiki
 from tests.fakes import chat, codex
 from tests.fakes import claude_code as cc
@@ -128,6 +128,14 @@ async def post(proxy: Running, case: Case, body: bytes) -> tuple[int, bytes]:
         return r.status, await r.read()
 
 
+async def nine_turns_cut_to_three(case: Case, start: ProxyFactory) -> Running:
+    """A proxy that has forwarded a request of nine turns cut to its last three."""
+    proxy = await proxy_for(case, start, keep_turns=3, window_policy="fixed", trim_slack=0)
+    status, _ = await post(proxy, case, json.dumps(case.body(9)).encode())
+    assert status == 200
+    return proxy
+
+
 async def test_an_unchanged_request_goes_upstream_as_the_clients_bytes(
     case: Case, start_proxy: ProxyFactory
 ) -> None:
@@ -140,10 +148,7 @@ async def test_an_unchanged_request_goes_upstream_as_the_clients_bytes(
 async def test_a_cut_forwards_the_last_turns_with_each_call_and_its_output(
     case: Case, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await proxy_for(case, start_proxy, keep_turns=3, window_policy="fixed",
-                            trim_slack=0)
-    status, _ = await post(proxy, case, json.dumps(case.body(9)).encode())
-    assert status == 200
+    await nine_turns_cut_to_three(case, start_proxy)
     forwarded = case.received[-1].json
     assert case.pairs_whole(forwarded)
     assert len(case.received[-1].body) < len(json.dumps(case.body(9)))
@@ -191,3 +196,13 @@ async def test_the_knowledge_block_goes_in_the_system_prompt_once(
     forwarded = case.received[-1].json
     assert case.system(forwarded).count("<knowledge_tools>") == 1
     assert json.dumps(forwarded).count("<knowledge_tools>") == 1  # nowhere else
+
+
+async def test_the_ledger_row_names_its_protocol_and_counts_its_tokens(
+    case: Case, start_proxy: ProxyFactory
+) -> None:
+    proxy = await nine_turns_cut_to_three(case, start_proxy)
+    [row] = await ledger_rows(proxy.app, "s-proto", 1)
+    assert row.protocol == case.name and row.input_tokens == len(case.received[-1].body) // 4
+    assert (row.turns_in, row.turns_forwarded) == (9, 3)
+    assert row.client_tokens and row.forwarded_tokens and row.forwarded_tokens < row.client_tokens
