@@ -4,6 +4,7 @@ model on Chat bodies, and what the fake upstream receives and the client gets ba
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +23,7 @@ from ctxproxy.request import Exchange, NotAResponsesRequest
 from ctxproxy.request.chat import parse
 from ctxproxy.request.protocol import CHAT
 from tests.conftest import ProxyFactory, ledger_rows
+from tests.e2e.test_codex import IDENTITY, bind_wiki
 from tests.fakes import chat
 from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
@@ -355,3 +357,24 @@ def test_a_chat_row_counted_from_its_bytes_counts_what_the_steps_saw() -> None:
     assert from_bytes.forwarded_tokens == from_bodies.forwarded_tokens
     assert from_bytes.forwarded_tokens is not None and from_bytes.client_tokens is not None
     assert from_bytes.forwarded_tokens < from_bytes.client_tokens
+
+
+async def test_explain_reads_a_chat_request_as_the_steps_saw_it(
+    start_proxy: ProxyFactory, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    await bind_wiki(tmp_path, tmp_path / "data")
+    proxy = await start_proxy(keep_turns=3, window_policy="fixed", trim_slack=0,
+                              memory_enabled=False)
+    status, _ = await chat.post(proxy.url, chat.request(session(9)),
+                                chat.headers("s-explain", **IDENTITY))
+    assert status == 200
+    async with aiohttp.ClientSession() as s, s.get(
+            proxy.url + "/ctxproxy/explain/last", params={"session": "s-explain"}) as r:
+        report = await r.json()
+    assert report["protocol"] == "chat"
+    assert (report["turns_in"], report["turns_forwarded"]) == (9, 3)
+    assert report["items_cut"] > 0 and report["items_in"] > report["items_forwarded"]
+    added = [a["item"] for a in report["items_added"]]
+    assert len(added) == 1 and "earlier_turns" in added[0]  # the system message is not one
+    assert "knowledge_tools" in report["instructions_added"]["blocks"]
+    assert report["forwarded_tokens"] > 0 and report["client_tokens"] > 0

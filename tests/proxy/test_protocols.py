@@ -206,3 +206,16 @@ async def test_the_ledger_row_names_its_protocol_and_counts_its_tokens(
     assert row.protocol == case.name and row.input_tokens == len(case.received[-1].body) // 4
     assert (row.turns_in, row.turns_forwarded) == (9, 3)
     assert row.client_tokens and row.forwarded_tokens and row.forwarded_tokens < row.client_tokens
+
+
+async def test_explain_reads_the_request_in_its_protocol(
+    case: Case, start_proxy: ProxyFactory
+) -> None:
+    proxy = await nine_turns_cut_to_three(case, start_proxy)
+    async with aiohttp.ClientSession() as s, s.get(
+            proxy.url + "/ctxproxy/explain/last", params={"session": "s-proto"}) as r:
+        report = await r.json()
+    assert report["protocol"] == case.name
+    assert (report["turns_in"], report["turns_forwarded"]) == (9, 3)
+    assert report["items_cut"] > 0 and not report["unchanged"]
+    assert any("earlier_turns" in a["item"] for a in report["items_added"])
