@@ -60,7 +60,7 @@ class Seen:
 
 
 class Recent:
-    """The last ``size`` /v1/responses requests of this process, any session, holding at
+    """The last ``size`` model requests (of any protocol) of this process, any session, holding at
     most ``max_bytes`` of bodies (the oldest go first; the newest is always kept)."""
 
     def __init__(self, size: int = RING, max_bytes: int = RING_BYTES) -> None:

@@ -1,6 +1,6 @@
 """How the request ledger plugs into the app: its store, the pipeline step that hands every
-``/v1/responses`` request to the recorder once it is over, and the handle the ``/ui`` pages
-read."""
+model request (Responses, Messages, Chat Completions) to the recorder once it is over, and
+the handle the ``/ui`` pages read."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ class Sent:
 
 @dataclass(frozen=True, slots=True)
 class End:
-    """A ``/v1/responses`` request once it is over (answered, refused, broken, or its client
+    """A model request (of any protocol) once it is over (answered, refused, broken, or its client
     gone), after its access-log line: what the pipeline's end phase hands each step."""
 
     exchange: Exchange | None  # None: its body was never parsed (forwarded as sent, unread)

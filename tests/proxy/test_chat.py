@@ -378,3 +378,16 @@ async def test_explain_reads_a_chat_request_as_the_steps_saw_it(
     assert len(added) == 1 and "earlier_turns" in added[0]  # the system message is not one
     assert "knowledge_tools" in report["instructions_added"]["blocks"]
     assert report["forwarded_tokens"] > 0 and report["client_tokens"] > 0
+
+
+async def test_under_client_keys_the_upstream_gets_its_own_key_never_the_clients(
+    start_proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    proxy = await start_proxy(memory_enabled=False, client_keys="ck-alice principal=alice",
+                              upstream_api_key="sk-upstream")
+    hdrs = {**chat.headers("s-keys"), "Authorization": "Bearer ck-alice"}
+    status, _ = await chat.post(proxy.url, chat.request(session(1)), hdrs)
+    assert status == 200
+    assert upstream.last.headers["Authorization"] == "Bearer sk-upstream"
+    status, body = await chat.post(proxy.url, chat.request(session(1)), chat.headers("s-keys"))
+    assert status == 401 and set(body) == {"error"} and len(upstream.received) == 1
