@@ -27,6 +27,7 @@ from tests.e2e.test_codex import IDENTITY, bind_wiki
 from tests.fakes import chat
 from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
+from tests.memory.session import runtime, settle
 
 FIRST_PROMPT = "hello there, the deploy key lives in vault path ops/deploy"
 
@@ -391,3 +392,22 @@ async def test_under_client_keys_the_upstream_gets_its_own_key_never_the_clients
     assert upstream.last.headers["Authorization"] == "Bearer sk-upstream"
     status, body = await chat.post(proxy.url, chat.request(session(1)), chat.headers("s-keys"))
     assert status == 401 and set(body) == {"error"} and len(upstream.received) == 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_relayed_answer_streamed_or_not_is_what_memory_keeps_of_the_turn(
+    start_proxy: ProxyFactory, upstream: FakeUpstream, stream: bool
+) -> None:
+    proxy = await start_proxy(keep_turns=1, window_policy="fixed", trim_slack=0)
+    messages: list[dict[str, Any]] = []
+    for n in range(4):  # the client's own answers, then the newest prompt unanswered
+        messages += [{"role": "user", "content": f"step {n} of the zebra chore"},
+                     {"role": "assistant", "content": f"recorded {n}"}]
+    status, _ = await chat.post(proxy.url, chat.request(messages[:-1], stream=stream),
+                                chat.headers("s-kept"))
+    assert status == 200
+    await settle(proxy)
+    texts = [m.text for m in await runtime(proxy).store.list(None, limit=100)]
+    assert "User: step 3 of the zebra chore\nAssistant: FAKE-ANSWER to: step 3 of the zebra " \
+           "chore" in texts, texts
+    assert "User: step 1 of the zebra chore\nAssistant: recorded 1" in texts
