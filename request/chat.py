@@ -75,11 +75,11 @@ def _assistant_text(content: Any) -> Item:
 
 
 def _call_item(call: Any) -> Item:
-    function = call.get("function") if isinstance(call, dict) else None
+    call = call if isinstance(call, dict) else {}
+    function = call.get("function")
     function = function if isinstance(function, dict) else {}
     arguments = function.get("arguments")
-    return {"type": "function_call", "call_id": str(call.get("id", "")) if isinstance(
-                call, dict) else "",
+    return {"type": "function_call", "call_id": str(call.get("id", "")),
             "name": str(function.get("name", "")),
             "arguments": arguments if isinstance(arguments, str) else "{}"}
 
