@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from lxml import html
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ctxproxy.config import load_settings
@@ -411,3 +412,17 @@ async def test_the_relayed_answer_streamed_or_not_is_what_memory_keeps_of_the_tu
     assert "User: step 3 of the zebra chore\nAssistant: FAKE-ANSWER to: step 3 of the zebra " \
            "chore" in texts, texts
     assert "User: step 1 of the zebra chore\nAssistant: recorded 1" in texts
+
+
+async def test_the_dashboards_timeline_shows_each_requests_protocol(
+    start_proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    proxy = await start_proxy(memory_enabled=False)
+    await chat.post(proxy.url, chat.request(session(1)), chat.headers("s-ui"))
+    await ledger_rows(proxy.app, "s-ui", 1)
+    async with aiohttp.ClientSession() as s, s.get(proxy.url + "/ui/sessions/s-ui") as r:
+        page = html.fromstring(await r.text())
+    head = [th.text for th in page.xpath('//table[@id="timeline"]/thead/tr/th')]
+    [cells] = [[td.text_content() for td in tr]
+               for tr in page.xpath('//table[@id="timeline"]/tbody/tr')]
+    assert cells[head.index("protocol")] == "chat"
