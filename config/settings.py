@@ -59,6 +59,17 @@ class Settings(BaseSettings):
         None,
         description="Replaces the client's Authorization when set; unset: forward the client's.",
     )
+    chat_url: str | None = Field(
+        None,
+        description="The real Chat Completions API base URL: where /v1/chat/completions goes; "
+        "unset: UPSTREAM_URL, with UPSTREAM_API_KEY.",
+    )
+    chat_api_key: SecretStr | None = Field(
+        None,
+        description="Replaces the client's Authorization on requests to CHAT_URL when set; "
+        "unset: forward the client's. Needed with CLIENT_KEYS and CHAT_URL (client keys are "
+        "never forwarded upstream).",
+    )
     upstream_connect_timeout_s: float = Field(10.0, gt=0, description="Upstream connect timeout.")
     upstream_read_timeout_s: float = Field(
         900.0, gt=0,
@@ -371,7 +382,7 @@ class Settings(BaseSettings):
         "redacted (one JSON file a request); unset: off.",
     )
 
-    @field_validator("upstream_url", "anthropic_url", "core_url", "public_url")
+    @field_validator("upstream_url", "anthropic_url", "chat_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
@@ -449,6 +460,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "CTXPROXY_CLIENT_KEYS needs CTXPROXY_UPSTREAM_API_KEY (client keys are never "
                 "forwarded upstream)"
+            )
+        if self.client_keys and self.chat_url and self.chat_api_key is None:
+            raise ValueError(
+                "CTXPROXY_CLIENT_KEYS with CTXPROXY_CHAT_URL needs CTXPROXY_CHAT_API_KEY (client "
+                "keys are never forwarded upstream)"
             )
         return self
 

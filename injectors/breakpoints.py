@@ -125,8 +125,8 @@ class Breakpoints:
 
     async def __call__(self, ex: Exchange) -> None:
         items = ex.items
-        if ex.protocol.caches_at_marks:
-            return  # its own marks (cache_control): set as the body is written back
+        if not ex.protocol.item_marks:
+            return  # none (Chat), or its own (Messages' cache_control, set as written back)
         if not items or ex.history_is_foreign or not self._follows(ex.body.get("model")):
             return
         wanted: list[int] = []

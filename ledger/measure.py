@@ -36,6 +36,7 @@ import orjson
 from ctxproxy.injectors import tokens
 from ctxproxy.ledger.counterfactual import DirectCache, PartCounter, cacheable
 from ctxproxy.ledger.model import LedgerError, Record
+from ctxproxy.request.protocol import PROTOCOLS, RESPONSES
 
 __all__ = ["Bodies", "Counting", "InProcess", "InThread", "Measurer", "Pending"]
 
@@ -104,9 +105,12 @@ class Measurer:
             return record
         bodies = pending.bodies
         if bodies is None:
+            # Bytes in the client's protocol: counted as the steps saw them, Responses-shaped
+            # (the proxy's own parsed bodies already are).
+            shape = PROTOCOLS.get(record.protocol, RESPONSES)
             bodies = Bodies(
-                orjson.loads(pending.raw),
-                None if pending.forwarded is None else orjson.loads(pending.forwarded),
+                shape.seen(orjson.loads(pending.raw)),
+                None if pending.forwarded is None else shape.seen(orjson.loads(pending.forwarded)),
                 pending.size,
             )
         client, forwarded_tokens = self._counter.measure_pair(bodies.client, bodies.forwarded)

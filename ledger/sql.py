@@ -19,8 +19,9 @@ from ctxproxy.ledger.model import RECORD_COLUMNS, Group, Record, Totals
 __all__ = [
     "COLUMNS", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2", "TABLE",
     "backfill_sql", "cache_write_migration", "from_row", "group_key", "hour_of",
-    "principal_migration", "rollup_rows", "scopes_sql", "series_params", "series_sql",
-    "timeline_sql", "to_row", "totals_from", "totals_query", "upsert_sql", "with_principal",
+    "principal_migration", "protocol_migration", "rollup_rows", "scopes_sql", "series_params",
+    "series_sql", "timeline_sql", "to_row", "totals_from", "totals_query", "upsert_sql",
+    "with_principal",
 ]
 
 TABLE = "ctxproxy_requests"
@@ -193,6 +194,12 @@ def cache_write_migration(dialect: int) -> tuple[str, ...]:
         f"ALTER TABLE {TABLE} ADD COLUMN cache_write_tokens {kind}",
         f"ALTER TABLE {ROLLUP} ADD COLUMN cache_write_tokens {kind} NOT NULL DEFAULT 0",
     )
+
+
+def protocol_migration() -> tuple[str, ...]:
+    """Version 5: the client protocol of each row ('': written before, when only the
+    Responses API was recorded and then Messages requests as if they were)."""
+    return (f"ALTER TABLE {TABLE} ADD COLUMN protocol text NOT NULL DEFAULT ''",)
 
 
 def rollup_rows(records: Iterable[Record]) -> list[tuple[Any, ...]]:

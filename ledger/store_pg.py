@@ -19,6 +19,7 @@ from ctxproxy.ledger.sql import (
     cache_write_migration,
     from_row,
     principal_migration,
+    protocol_migration,
     rollup_rows,
     scopes_sql,
     series_params,
@@ -80,6 +81,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     ),
     (3, principal_migration(1)),  # each row says whose it is
     (4, cache_write_migration(1)),  # the cache writes the upstream reported
+    (5, protocol_migration()),  # the client protocol of each row
 )
 _UPSERT = upsert_sql(1, "%s")
 _LOCK, _VERSIONS = "ctxproxy.ledger", f"{TABLE}_migrations"  # the advisory lock, the versions table

@@ -21,6 +21,7 @@ from ctxproxy.ledger.sql import (
     cache_write_migration,
     from_row,
     principal_migration,
+    protocol_migration,
     rollup_rows,
     scopes_sql,
     series_params,
@@ -85,6 +86,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     ),
     (3, principal_migration(0)),  # each row says whose it is
     (4, cache_write_migration(0)),  # the cache writes the upstream reported
+    (5, protocol_migration()),  # the client protocol of each row
 )
 _UPSERT = upsert_sql(0, "?")
 

@@ -26,11 +26,12 @@ from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from ctxproxy.proxy.pipeline import Pipeline
 from ctxproxy.proxy.sse import BodyTap, UsageTap
+from ctxproxy.proxy.sse_chat import ChatBodyTap, ChatTap
 from ctxproxy.proxy.sse_messages import MessagesBodyTap, MessagesTap
 from ctxproxy.proxy.upstream import Idle, Upstream
 from ctxproxy.proxy.workers import Peers
 from ctxproxy.request import Access, Answer, End, Exchange, NotAResponsesRequest, Sent, Step
-from ctxproxy.request.protocol import MESSAGES, RESPONSES, Protocol
+from ctxproxy.request.protocol import CHAT, MESSAGES, RESPONSES, Protocol
 from ctxproxy.window.step import WindowStep
 
 log = logging.getLogger("ctxproxy")
@@ -40,6 +41,7 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
 ANTHROPIC = web.AppKey("anthropic", Upstream)  # the Anthropic API (ANTHROPIC_URL)
+CHAT_UPSTREAM = web.AppKey("chat", Upstream)  # the Chat Completions API (CHAT_URL, or UPSTREAM)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
 # What /readyz asks besides start-up and shutdown: each side's name and whether it can serve
@@ -69,13 +71,15 @@ def create_app(
     steps: StepsFactory = default_steps,
     upstream: Upstream | None = None,
     anthropic: Upstream | None = None,
+    chat: Upstream | None = None,
     clock: Callable[[], float] = time.time,
 ) -> web.Application:
     """Build the proxy app. Clients open in cleanup contexts; nothing runs at import time.
 
     Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
     before it starts; ``steps`` is called once at start-up, after every context is open.
-    ``upstream`` replaces the client to the real API (tests give it their own connector).
+    ``upstream`` replaces the client to the real API (tests give it their own connector);
+    ``anthropic`` and ``chat`` the clients to ANTHROPIC_URL and CHAT_URL.
     Over 60 lines: the app's keys, contexts and routes are listed in one place.
     """
     client_keys = load_client_keys(settings.client_keys)
@@ -104,13 +108,18 @@ def create_app(
             settings.upstream_connect_timeout_s,
             settings.upstream_read_timeout_s,
         )
-        await client.start()
-        await other.start()
+        chat_client = chat or (Upstream(
+            settings.chat_url, settings.upstream_connect_timeout_s,
+            settings.upstream_read_timeout_s) if settings.chat_url else None)
+        started = [c for c in (client, other, chat_client) if c is not None]
+        for one in started:
+            await one.start()
         app[UPSTREAM] = client
         app[ANTHROPIC] = other
+        app[CHAT_UPSTREAM] = chat_client or client
         yield
-        await client.close()
-        await other.close()
+        for one in started:
+            await one.close()
 
     async def on_startup(app: web.Application) -> None:
         # on_startup handlers run after every cleanup context has opened.
@@ -136,6 +145,8 @@ def create_app(
     app.router.add_post("/v1/responses", responses, name="responses")
     app.router.add_post("/responses", responses, name="responses:bare")
     app.router.add_post("/v1/messages", messages, name="messages")
+    app.router.add_post("/v1/chat/completions", chat_completions, name="chat")
+    app.router.add_post("/chat/completions", chat_completions, name="chat:bare")
     app.router.add_route("*", "/v1/messages/{tail:.*}", anthropic_passthrough,
                          name="anthropic")
     return app
@@ -244,14 +255,15 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     **info.fields(),
                 ),
             )
-        if route in ("responses", "messages"):  # after the line: its cost never delays it
+        if route in ("responses", "messages", "chat"):  # after the line: its cost never delays it
             request.app[PIPELINE].ended(End(request.get(EXCHANGE), request.get(SENT), info,
                                             status, request.get(PRINCIPAL)))
 
 
 def _protocol(request: web.Request) -> Protocol:
     """The protocol whose shape the request's errors take."""
-    return MESSAGES if request.path.startswith("/v1/messages") else RESPONSES
+    return MESSAGES if request.path.startswith("/v1/messages") else (
+        CHAT if request.path.endswith("/chat/completions") else RESPONSES)
 
 
 def _route_name(request: web.Request) -> str:
@@ -347,6 +359,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await through_pipeline(request, MESSAGES)
 
 
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions (opencode, Aider, Continue, ...; also without /v1, as some
+    clients send it): apply the pipeline, then relay to CHAT_URL."""
+    return await through_pipeline(request, CHAT)
+
+
 async def anthropic_passthrough(request: web.Request) -> web.StreamResponse:
     """The other /v1/messages/... routes (count_tokens, batches), forwarded unchanged to
     ANTHROPIC_URL."""
@@ -397,9 +415,10 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
     request[SENT] = Sent(at, raw, body, ex, client_body,
-                         ex.body if ex is not None and body is not raw else None)
+                         ex.body if ex is not None and body is not raw else None, protocol.name)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
-    path = "responses" if protocol is RESPONSES else "v1/messages"
+    path = {"responses": "responses", "chat": "chat/completions"}.get(
+        protocol.name, "v1/messages")
     return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol)
 
 
@@ -456,11 +475,8 @@ async def relay(
     one ``finally``, and every way out of the copy (the client gone, the upstream broken, the
     end) reads beside it."""
     app = request.app
-    settings = app[SETTINGS]
     info = request[ACCESS]
-    upstream = app[UPSTREAM] if protocol is RESPONSES else app[ANTHROPIC]
-    # UPSTREAM_API_KEY is an OpenAI key: Anthropic's requests keep the client's own.
-    key = settings.upstream_api_key if protocol is RESPONSES else None
+    upstream, key = _upstream(app, protocol)
     headers = request_headers(
         request.headers,
         f"Bearer {key.get_secret_value()}" if key else None,
@@ -529,7 +545,18 @@ async def relay(
             upstream_response.close()  # client gone or stream broken: drop the connection now
 
 
-Tap = UsageTap | BodyTap | MessagesTap
+def _upstream(app: web.Application, protocol: Protocol) -> tuple[Upstream, Any]:
+    """Where a protocol's requests go, and the key that replaces the client's (None: the
+    client's own goes)."""
+    settings = app[SETTINGS]
+    if protocol is MESSAGES:  # UPSTREAM_API_KEY is an OpenAI key: the client's own goes
+        return app[ANTHROPIC], None
+    if protocol is CHAT and settings.chat_url:
+        return app[CHAT_UPSTREAM], settings.chat_api_key
+    return app[UPSTREAM], settings.upstream_api_key
+
+
+Tap = UsageTap | BodyTap | MessagesTap | ChatTap
 
 
 def _tap(response: aiohttp.ClientResponse, protocol: Protocol) -> Tap | None:
@@ -540,6 +567,9 @@ def _tap(response: aiohttp.ClientResponse, protocol: Protocol) -> Tap | None:
     if protocol is MESSAGES:
         return MessagesTap(encoding) if stream else (
             MessagesBodyTap(encoding) if response.content_type == "application/json" else None)
+    if protocol is CHAT:
+        return ChatTap(encoding) if stream else (
+            ChatBodyTap(encoding) if response.content_type == "application/json" else None)
     if stream:
         return UsageTap(encoding)
     if response.content_type == "application/json":

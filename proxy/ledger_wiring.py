@@ -1,6 +1,6 @@
 """How the request ledger plugs into the app: its store, the pipeline step that hands every
-``/v1/responses`` request to the recorder once it is over, and the handle the ``/ui`` pages
-read."""
+model request (Responses, Messages, Chat Completions) to the recorder once it is over, and
+the handle the ``/ui`` pages read."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
         outputs_masked=(notes.outputs_masked or 0) if notes is not None else 0,
         memory_ids=(notes.memory_ids or ()) if notes is not None else (),
         knowledge=bool(notes is not None and notes.knowledge_assets),
-        degraded=tuple(degraded), ttfb_ms=info.ttfb_ms,
+        degraded=tuple(degraded), ttfb_ms=info.ttfb_ms, protocol=sent.protocol,
     )
     forwarded = None if sent.forwarded is sent.raw else sent.forwarded
     parsed = _bodies(sent, forwarded) if bodies else None

@@ -245,9 +245,11 @@ class Exchange:
         """The bytes to forward: the client's own when no step changed anything."""
         if not self.changed:
             return self.raw
-        if has_lossy_number(self.body):
-            raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
+        # Checked on the body written back: a protocol's messages hold fields its items leave
+        # out (a Chat message's own keys), and those go out as the client sent them.
         body = self.body if self.protocol is RESPONSES else self.protocol.write_back(self)
+        if has_lossy_number(body):
+            raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
         try:
             return orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes

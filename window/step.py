@@ -89,8 +89,10 @@ class WindowStep:
         """The first turn to forward, and the turn that was newest when that cut was made."""
         history = ex.history
         policy = self.policy
-        if self.breakpoint_policy is not None and (
-                ex.protocol.caches_at_marks or self.follows_breakpoints(ex.body.get("model"))):
+        # Priced by breakpoints where they are marked: the protocol's own (Messages), or the
+        # items' for a model that caches only there (never on Chat: no marks are placed).
+        if self.breakpoint_policy is not None and (ex.protocol.caches_at_marks or (
+                ex.protocol.item_marks and self.follows_breakpoints(ex.body.get("model")))):
             policy = self.breakpoint_policy
         if policy is not None:
             outside = {k: v for k, v in ex.body.items() if k != "input"}
