@@ -20,7 +20,13 @@ from ctxproxy.config.logs import fields
 from ctxproxy.proxy import bodies, targets
 from ctxproxy.proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from ctxproxy.proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
-from ctxproxy.proxy.headers import check_utf8, request_headers, response_headers
+from ctxproxy.proxy.headers import (
+    Credential,
+    check_utf8,
+    request_headers,
+    response_headers,
+    upstream_credential,
+)
 from ctxproxy.proxy.metrics import Metrics, combine, sample_loop_lag
 from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
@@ -43,6 +49,7 @@ ANTHROPIC = web.AppKey("anthropic", Upstream)  # the Anthropic API (ANTHROPIC_UR
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
 PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
+KEYED = web.AppKey("keyed", bool)  # under CLIENT_KEYS: a client's credential is ours alone
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
@@ -82,6 +89,7 @@ def create_app(
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
+    app[KEYED] = keyed
     app[ROUTES] = Routes.from_settings(settings, client_keys=keyed)  # for add_passthrough
     app[METRICS] = metrics = Metrics()
     app[PIPELINE] = Pipeline([])
@@ -341,9 +349,18 @@ async def anthropic_passthrough(request: web.Request) -> web.StreamResponse:
     ANTHROPIC_URL."""
     path = targets.origin_path(request.raw_path)
     if not request.app[ROUTES].allows(request.method, upstream_path(path)):
-        return refusal()
+        return refusal(MESSAGES)
+    credential = _credential(request, MESSAGES)
     body = await read_body(request) if request.body_exists else None
-    return await relay(request, path, body, protocol=MESSAGES)
+    return await relay(request, path, body, protocol=MESSAGES, credential=credential)
+
+
+def _credential(request: web.Request, protocol: Protocol) -> Credential:
+    """The credential the request's upstream gets (raises NoUpstreamKey before any work is
+    done for a request that could not be forwarded)."""
+    app = request.app
+    return upstream_credential(app[SETTINGS], anthropic=protocol is not RESPONSES,
+                               keyed=app[KEYED])
 
 
 async def through_pipeline(request: web.Request, protocol: Protocol) -> web.StreamResponse:
@@ -356,6 +373,7 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info = request[ACCESS]
     at = app[CLOCK]()
     began = time.perf_counter()
+    credential = _credential(request, protocol)
     raw = await read_body(request)
     body = raw
     ex: Exchange | None = None
@@ -389,7 +407,8 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
                          ex.body if ex is not None and body is not raw else None)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
     path = "responses" if protocol is RESPONSES else "v1/messages"
-    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol)
+    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol,
+                       credential=credential)
 
 
 T = TypeVar("T")
@@ -436,6 +455,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 async def relay(
     request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False,
     ex: Exchange | None = None, protocol: Protocol = RESPONSES,
+    credential: Credential | None = None,
 ) -> web.StreamResponse:
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
     pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
@@ -445,14 +465,11 @@ async def relay(
     one ``finally``, and every way out of the copy (the client gone, the upstream broken, the
     end) reads beside it."""
     app = request.app
-    settings = app[SETTINGS]
     info = request[ACCESS]
     upstream = app[UPSTREAM] if protocol is RESPONSES else app[ANTHROPIC]
-    # UPSTREAM_API_KEY is an OpenAI key: Anthropic's requests keep the client's own.
-    key = settings.upstream_api_key if protocol is RESPONSES else None
     headers = request_headers(
         request.headers,
-        f"Bearer {key.get_secret_value()}" if key else None,
+        credential if credential is not None else _credential(request, protocol),
         body_decoded=request.get(bodies.DECODED, False),
     )
     url = upstream.url(path, request.raw_path.partition("?")[2])

@@ -4,7 +4,6 @@ requests, and what the fake Anthropic upstream receives and the client gets back
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,7 +19,6 @@ from ctxproxy.request.protocol import MESSAGES
 from tests.conftest import ProxyFactory
 from tests.fakes import claude_code as cc
 from tests.fakes.anthropic import FakeAnthropic
-from tests.fakes.server import serve
 
 SESSION = (cc.FIXTURES / "session.json").read_bytes()
 FIRST = (cc.FIXTURES / "first.json").read_bytes()
@@ -30,15 +28,6 @@ HEADERS = json.loads((cc.FIXTURES / "headers.json").read_text())
 def exchange(raw: bytes, headers: dict[str, str] | None = None) -> Exchange:
     hdrs = CIMultiDictProxy(CIMultiDict(headers or {}))
     return Exchange.parse(raw, hdrs, load_settings(env={}), protocol=MESSAGES)
-
-
-@pytest.fixture
-async def anthropic() -> AsyncIterator[FakeAnthropic]:
-    fake = FakeAnthropic()
-    running = await serve(fake.app())
-    fake.url = running.url
-    yield fake
-    await running.close()
 
 
 # --- the request model, on what Claude Code sent -----------------------------------------------
