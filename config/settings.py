@@ -287,7 +287,8 @@ class Settings(BaseSettings):
         "split",
         description="split: slow blocks in a message before the first forwarded turn (changed "
         "only by a cut), each turn's recall before its own prompt (kept there while the turn "
-        "is in the window); instructions: everything in instructions.",
+        "is in the window; for Anthropic Messages the slow blocks and the cut's digest are "
+        "one block at the end of system); instructions: everything in instructions.",
     )
     weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ctxproxy.request import messages as messages_
-from ctxproxy.request.items import Item, prompt_message
+from ctxproxy.request.items import Item, message_text, prompt_message
 
 if TYPE_CHECKING:
     from ctxproxy.request.exchange import Exchange
 
 __all__ = ["MESSAGES", "RESPONSES", "Messages", "Protocol", "Responses"]
+
+PINNED_SEPARATOR = "\n\n"  # between the digest and the standing memory in their one block
 
 
 class Protocol:
@@ -30,6 +32,9 @@ class Protocol:
     # The provider caches a prompt only at the client's cache marks (Anthropic's
     # cache_control): the window prices a cut as for BREAKPOINT_MODELS.
     caches_at_marks = False
+    # The blocks the proxy pins until the next cut (the digest, the standing memory) go
+    # before the client's own context: a cut makes that context cold too.
+    blocks_before_context = False
     # The body's key for the items every step reads, in the body the steps see.
     items_key = "input"
 
@@ -72,6 +77,7 @@ class Messages(Protocol):
 
     name = "messages"
     caches_at_marks = True
+    blocks_before_context = True  # at the end of system; Claude Code's context is in messages
 
     def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
         items, view = messages_.parse(body)
@@ -81,8 +87,12 @@ class Messages(Protocol):
         return seen, items, view
 
     def write_back(self, ex: Exchange) -> dict[str, Any]:
-        """The Messages body: the items as messages, ``instructions`` at the end of ``system``,
-        and after a cut (or a block the proxy pins before the first turn) the cache marks."""
+        """The Messages body: the items as messages; at the end of ``system`` what steps
+        appended to ``instructions``, then the blocks pinned until the next cut (the cut
+        digest, the standing memory) as one text block; after a cut, or with such a block,
+        the cache marks: at the end of the stable context (the client's system and the
+        knowledge block), after the pinned block, and at the end of the client's context in
+        ``messages``."""
         view = ex.view
         assert isinstance(view, messages_.MessagesView)
         items = ex.items or []
@@ -91,12 +101,22 @@ class Messages(Protocol):
         # forwarded prompt (the window pins context wherever it stood).
         head_end = next((items[i] for i in range(first - 1, -1, -1)
                          if id(items[i]) in view.origins), None)
-        messages, (head_at, stable_at) = messages_.write_back(
-            view, items, (head_end, ex.stable_block))
+        pinned = {id(block) for block in ex.stable_blocks}
+        messages, (head_at,) = messages_.write_back(
+            view, [item for item in items if id(item) not in pinned], (head_end,))
         system = messages_.system_blocks(ex.body.get("system"), ex.body.get("instructions"))
-        if ex.first_turn or stable_at is not None:
-            system, messages = messages_.marks(
-                system, messages, [head_at if head_at is not None else -1, stable_at])
+        pinned_text = PINNED_SEPARATOR.join(
+            text for block in ex.stable_blocks if (text := message_text(block)))
+        system = messages_.system_blocks(system, pinned_text)
+        # The stable context ends right before the pinned block (one block, appended last).
+        stable_end = len(system) - 2 if pinned_text and isinstance(system, list) else None
+        if ex.first_turn or pinned_text:
+            wanted: list[messages_.Place | None] = [
+                (-1, stable_end if pinned_text else None),
+                (-1, None) if pinned_text else None,
+                (head_at, None) if head_at is not None else None,
+            ]
+            system, messages = messages_.marks(system, messages, wanted)
         out: dict[str, Any] = {}
         for key, value in ex.body.items():
             if key == "input":
