@@ -3,7 +3,9 @@ requests it reads with ``--last``, and ``CTXPROXY_CAPTURE_DIR``'s redacted bodie
 
 The report compares the client's body with the forwarded one, part by part (instructions,
 tools, each input item, by digest): items cut, tool outputs masked (same call, other bytes),
-items and instruction text added, with their sizes, and both token counts.
+items and instruction text added, with their sizes, and both token counts. An Anthropic
+Messages body is compared the same way, its messages read as items and ``system`` as the
+instructions.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from ctxproxy.proxy.app import SETTINGS
 from ctxproxy.proxy.auth import ADMIN, PRINCIPAL
 from ctxproxy.proxy.errors import error_response
 from ctxproxy.request import End, History, Step, message_text, output_text
+from ctxproxy.request.messages import is_messages_body, mark_count, system_text
+from ctxproxy.request.messages import parse as parse_messages
 
 __all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render", "steps"]
 
@@ -56,7 +60,8 @@ class Seen:
 
 
 class Recent:
-    """The last ``size`` /v1/responses requests of this process, any session, holding at
+    """The last ``size`` /v1/responses and /v1/messages requests of this process, any session,
+    holding at
     most ``max_bytes`` of bodies (the oldest go first; the newest is always kept)."""
 
     def __init__(self, size: int = RING, max_bytes: int = RING_BYTES) -> None:
@@ -168,16 +173,70 @@ def _describe(item: dict[str, Any]) -> str:
 
 
 def explain(raw: bytes, forwarded: bytes) -> dict[str, Any]:
-    """What became of the client's body ``raw`` on its way out as ``forwarded``."""
+    """What became of the client's body ``raw`` on its way out as ``forwarded`` (a Responses
+    or an Anthropic Messages request: its messages read as the items every step reads, its
+    ``system`` as the instructions)."""
     client, sent = orjson.loads(raw), orjson.loads(forwarded)
-    items_in = client.get("input") if isinstance(client.get("input"), list) else []
-    items_out = sent.get("input") if isinstance(sent.get("input"), list) else []
     counter = PartCounter(tokens.count)
+    if is_messages_body(client) and is_messages_body(sent):
+        view_in, view_out = _view(client), _view(sent)
+        marks = mark_count(sent) - mark_count(client)
+    else:
+        view_in, view_out = client, sent
+        marks = None
+    items_in, items_out = _input(view_in), _input(view_out)
+    masked, added, cut = _changes(items_in, items_out, counter)
+    if marks is None:
+        marks = len(client_marks(items_out)) - len(client_marks(items_in))
+    before_text = view_in.get("instructions")
+    before_text = before_text if isinstance(before_text, str) else ""
+    after_text = view_out.get("instructions")
+    after_text = after_text if isinstance(after_text, str) else ""
+    extra = after_text[len(before_text):] if after_text.startswith(before_text) else after_text
+    added_ids = {id(a) for a in added}
+    return {
+        "turns_in": _turns(items_in),
+        # What the proxy added is no turn, though a Messages body carries it as user text.
+        "turns_forwarded": _turns([i for i in items_out if id(i) not in added_ids]),
+        "items_in": len(items_in), "items_forwarded": len(items_out), "items_cut": cut,
+        "outputs_masked": masked,
+        "items_added": [{"item": _describe(item), "chars": len(orjson.dumps(item)),
+                         "tokens": counter.measure({"input": [item]}).tokens}
+                        for item in added],
+        "breakpoints": marks,
+        "instructions_added": {"chars": len(extra), "tokens": tokens.count(extra) if extra else 0,
+                               "blocks": list(dict.fromkeys(_TAG.findall(extra)))},
+        # The bodies as sent: a Messages body's tokens are its tools, system and messages.
+        "client_tokens": counter.measure(client).tokens,
+        "forwarded_tokens": counter.measure(sent).tokens,
+        "unchanged": raw == forwarded,
+    }
+
+
+def _input(body: dict[str, Any]) -> list[Any]:
+    items = body.get("input")
+    return items if isinstance(items, list) else []
+
+
+def _view(body: dict[str, Any]) -> dict[str, Any]:
+    """A Messages body as the report compares it: its messages as items, ``system`` as text."""
+    try:
+        items, _ = parse_messages(body)
+    except (TypeError, ValueError):
+        items = []
+    return {"instructions": system_text(body.get("system")), "input": items}
+
+
+def _changes(
+    items_in: list[Any], items_out: list[Any], counter: PartCounter,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """The tool outputs masked, the items added and the number of items cut."""
     in_digests = {_digest(i) for i in items_in}
     in_calls = {i.get("call_id"): i for i in items_in
                 if isinstance(i, dict) and i.get("type") == "function_call_output"}
     out_digests = {_digest(i) for i in items_out}
-    masked, added = [], []
+    masked: list[dict[str, Any]] = []
+    added: list[dict[str, Any]] = []
     for item in items_out:
         if _digest(item) in in_digests or not isinstance(item, dict):
             continue
@@ -186,26 +245,12 @@ def explain(raw: bytes, forwarded: bytes) -> dict[str, Any]:
             masked.append({"call_id": item["call_id"], "chars_before": len(output_text(before)),
                            "chars_after": len(output_text(item))})
         else:
-            added.append({"item": _describe(item), "chars": len(orjson.dumps(item)),
-                          "tokens": counter.measure({"input": [item]}).tokens})
+            added.append(item)
     masked_ids = {m["call_id"] for m in masked}
     cut = sum(1 for i in items_in if _digest(i) not in out_digests
               and not (isinstance(i, dict) and i.get("call_id") in masked_ids
                        and i.get("type") == "function_call_output"))
-    before_text = client.get("instructions") if isinstance(client.get("instructions"), str) else ""
-    after_text = sent.get("instructions") if isinstance(sent.get("instructions"), str) else ""
-    extra = after_text[len(before_text):] if after_text.startswith(before_text) else after_text
-    return {
-        "turns_in": _turns(items_in), "turns_forwarded": _turns(items_out),
-        "items_in": len(items_in), "items_forwarded": len(items_out), "items_cut": cut,
-        "outputs_masked": masked, "items_added": added,
-        "breakpoints": len(client_marks(items_out)) - len(client_marks(items_in)),
-        "instructions_added": {"chars": len(extra), "tokens": tokens.count(extra) if extra else 0,
-                               "blocks": list(dict.fromkeys(_TAG.findall(extra)))},
-        "client_tokens": counter.measure(client).tokens,
-        "forwarded_tokens": counter.measure(sent).tokens,
-        "unchanged": raw == forwarded,
-    }
+    return masked, added, cut
 
 
 def _turns(items: list[Any]) -> int:

@@ -17,6 +17,8 @@ from ctxproxy.config import Settings
 from ctxproxy.proxy.auth import load_client_keys
 from ctxproxy.proxy.explain import explain, redact_body, render
 from ctxproxy.request import Exchange, NotAResponsesRequest
+from ctxproxy.request.messages import is_messages_body
+from ctxproxy.request.protocol import MESSAGES, RESPONSES
 from ctxproxy.window.step import WindowStep
 
 __all__ = ["register"]
@@ -34,7 +36,8 @@ def register(commands: Any) -> None:
         "sizes, the tokens sent and forwarded. FILE ('-': stdin) is run through the window "
         "here; --last asks the running proxy about the last request it served.",
     )
-    p.add_argument("file", nargs="?", help="a /v1/responses request body (JSON)")
+    p.add_argument("file", nargs="?",
+                   help="a /v1/responses or /v1/messages request body (JSON)")
     p.add_argument("--last", action="store_true",
                    help="the last request the running proxy served (kept in memory); under "
                    "client keys, asked with the first admin key, else the first key (which "
@@ -70,11 +73,16 @@ def _offline(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     headers = CIMultiDict[str]()
     if args.session:
-        headers["session-id"] = args.session
+        headers["session-id"] = headers["x-claude-code-session-id"] = args.session
     try:
-        ex = Exchange.parse(raw, CIMultiDictProxy(headers), settings)
+        protocol = MESSAGES if is_messages_body(orjson.loads(raw)) else RESPONSES
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from exc
+    try:
+        ex = Exchange.parse(raw, CIMultiDictProxy(headers), settings, protocol=protocol)
     except NotAResponsesRequest as exc:
-        raise ValueError(f"not a Responses request, it would go out as sent: {exc}") from exc
+        raise ValueError(f"not a request the pipeline reads, it would go out as sent: "
+                         f"{exc}") from exc
     asyncio.run(WindowStep.from_settings(settings)(ex))
     forwarded = ex.serialise()
     report = explain(raw, forwarded)

@@ -32,7 +32,8 @@ import orjson
 
 from ctxproxy.request.items import Item, message_text
 
-__all__ = ["MAX_MARKS", "REMINDER", "MessagesView", "output_items", "parse", "write_back"]
+__all__ = ["MAX_MARKS", "REMINDER", "MessagesView", "is_messages_body", "mark_count",
+           "output_items", "parse", "system_text", "write_back"]
 
 REMINDER = "<system-reminder>"
 MAX_MARKS = 4  # cache_control breakpoints a request may carry
@@ -156,6 +157,30 @@ def parse(body: dict[str, Any]) -> tuple[list[Item], MessagesView]:
             add({"type": "message", "role": "user",
                  "content": [_user_part(content[b]) for b in words]}, m, tuple(words))
     return items, view
+
+
+def is_messages_body(body: Any) -> bool:
+    """Whether a parsed JSON body is a Messages request (not a Responses one)."""
+    return isinstance(body, dict) and isinstance(body.get("messages"), list) and (
+        "input" not in body)
+
+
+def system_text(system: Any) -> str:
+    """The text of a ``system`` (a string, or its text blocks one after another)."""
+    if isinstance(system, str):
+        return system
+    if not isinstance(system, list):
+        return ""
+    return "\n\n".join(b["text"] for b in system
+                        if isinstance(b, dict) and isinstance(b.get("text"), str))
+
+
+def mark_count(body: dict[str, Any]) -> int:
+    """The cache marks a Messages body carries (in ``system`` and in its messages)."""
+    holders = [body.get("system"), *(m.get("content") for m in body.get("messages") or []
+                                     if isinstance(m, dict))]
+    return sum(1 for content in holders if isinstance(content, list)
+               for block in content if isinstance(block, dict) and MARK in block)
 
 
 def output_items(content: Any) -> list[Item]:

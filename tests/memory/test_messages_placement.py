@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
+
 from tests.conftest import ProxyFactory
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.claude_code import MARK, ClaudeSession, marks
@@ -69,3 +71,12 @@ async def test_digest_and_standing_memory_share_one_block_at_the_end_of_system(
     found = marks(last)
     assert len(found) <= 4
     assert all(b.get("text", "x") for _, b in found)
+    # explain --last reads it so: the recall is an item added (no turn), the digest and the
+    # standing memory text added to system.
+    async with aiohttp.ClientSession() as http, http.get(
+            proxy.url + "/ctxproxy/explain/last", params={"session": claude.session_id}) as r:
+        report = await r.json()
+    assert report["turns_forwarded"] == 2
+    assert [a["item"].split(":")[0] for a in report["items_added"]] == ["message/user"]
+    assert "episodic_memory" in report["items_added"][0]["item"]
+    assert {"earlier_turns", "semantic_memory"} <= set(report["instructions_added"]["blocks"])
