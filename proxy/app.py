@@ -253,8 +253,22 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def _protocol(request: web.Request) -> Protocol:
-    """The protocol whose shape the request's errors take."""
-    return MESSAGES if request.path.startswith("/v1/messages") else RESPONSES
+    """The protocol whose shape the request's errors take: the route's, else (another
+    route) the client's, by its headers."""
+    if request.path.startswith("/v1/messages"):
+        return MESSAGES
+    if request.path.startswith(("/v1/responses", "/responses")):
+        return RESPONSES
+    return MESSAGES if _anthropic(request) else RESPONSES
+
+
+# Headers only Anthropic's clients send (Claude Code, the anthropic SDK): their other calls,
+# GET /v1/models say, go to the Anthropic API too.
+ANTHROPIC_HEADERS = ("anthropic-version", "x-api-key")
+
+
+def _anthropic(request: web.Request) -> bool:
+    return any(name in request.headers for name in ANTHROPIC_HEADERS)
 
 
 def _route_name(request: web.Request) -> str:
@@ -434,7 +448,8 @@ def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesReque
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Every other method and path, forwarded unchanged under UPSTREAM_URL (under client
-    keys, only the routes ``proxy.passthrough`` allows)."""
+    keys, only the routes ``proxy.passthrough`` allows); the model list asked by an Anthropic
+    client (its headers say so), under ANTHROPIC_URL."""
     if request.headers.get("upgrade"):
         # Codex tries a WebSocket first when configured to; 426 makes it fall back to HTTP.
         return error_response(
@@ -445,11 +460,17 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         )
     # The target as the client sent it (still percent-encoded), so that nothing is decoded
     # and re-encoded differently on the way; Upstream.url refuses dot segments.
-    path = upstream_path(targets.origin_path(request.raw_path))
+    origin = targets.origin_path(request.raw_path)
+    path = upstream_path(origin)
+    models = path == "/models" or path.startswith("/models/")
+    protocol = MESSAGES if models and _anthropic(request) else RESPONSES
     if not request.app[ROUTES].allows(request.method, path):
-        return refusal()  # before the body is read: nothing of it goes anywhere
+        return refusal(protocol)  # before the body is read: nothing of it goes anywhere
+    credential = _credential(request, protocol)
     body = await read_body(request) if request.body_exists else None
-    return await relay(request, path, body)
+    # Anthropic's base URL has no /v1: its path is the client's.
+    return await relay(request, origin if protocol is MESSAGES else path, body,
+                       protocol=protocol, credential=credential)
 
 
 async def relay(
