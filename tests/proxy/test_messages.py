@@ -185,6 +185,17 @@ def test_the_pinned_block_is_marked_without_a_cut_and_an_empty_one_is_left_out()
     assert_marks_valid(body)
 
 
+def test_a_string_system_becomes_blocks_with_the_pinned_block_after_it() -> None:
+    body = {**orjson.loads(SESSION), "system": "You are terse."}
+    ex = cut_with_blocks(orjson.dumps(body), 2, "<earlier_turns>d</earlier_turns>")
+    ex.body = {k: v for k, v in ex.body.items() if k != "instructions"}
+    sent = orjson.loads(ex.serialise())
+    assert sent["system"] == [
+        {"type": "text", "text": "You are terse.", "cache_control": cc.MARK},
+        {"type": "text", "text": "<earlier_turns>d</earlier_turns>", "cache_control": cc.MARK}]
+    assert_marks_valid(sent)
+
+
 def test_items_parse_from_string_and_block_content_alike() -> None:
     items, _ = parse({"messages": [{"role": "user", "content": "hi"},
                                    {"role": "assistant", "content": "yo"}]})
