@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         "unset: forward the client's. Needed with CLIENT_KEYS and CHAT_URL (client keys are "
         "never forwarded upstream).",
     )
+    anthropic_api_key: SecretStr | None = Field(
+        None,
+        description="The key sent to ANTHROPIC_URL as x-api-key (for /v1/messages), in place of "
+        "the client's x-api-key and Authorization; unset: forward the client's own, except "
+        "under CLIENT_KEYS, where Anthropic requests then get a 500 naming this setting.",
+    )
     upstream_connect_timeout_s: float = Field(10.0, gt=0, description="Upstream connect timeout.")
     upstream_read_timeout_s: float = Field(
         900.0, gt=0,
@@ -109,14 +115,16 @@ class Settings(BaseSettings):
         "[agents=X,Y] [users=any|none|KEYS] [admin]' entries separated by ';', or @FILE (one a "
         "line), or plain 'key1,key2'. Other callers get 401; identity headers beyond a key's "
         "claims 403; the key's principal is part of every memory scope, and the dashboard and "
-        "explain show a key only its principal's data (admin: everyone's). The upstream gets "
-        "UPSTREAM_API_KEY, never the client's.",
+        "explain show a key only its principal's data (admin: everyone's). A key comes as "
+        "'Authorization: Bearer KEY' or as x-api-key (Claude Code, the anthropic SDK). The "
+        "upstream gets UPSTREAM_API_KEY (Anthropic's: ANTHROPIC_API_KEY), never the client's.",
     )
     passthrough: str | None = Field(
         None,
         description="Under CLIENT_KEYS, the other routes forwarded to the upstream (with "
-        "UPSTREAM_API_KEY, which every key shares), beside POST /v1/responses, GET /v1/models "
-        "and GET /v1/models/*: 'METHOD /path' entries separated by ',' (METHOD * is any "
+        "UPSTREAM_API_KEY, which every key shares), beside POST /v1/responses, POST "
+        "/v1/messages, POST /v1/messages/count_tokens, GET /v1/models and GET /v1/models/*: "
+        "'METHOD /path' entries separated by ',' (METHOD * is any "
         "method; a path ending in * covers every path it starts; /v1 is optional), e.g. "
         "'GET /v1/files, POST /v1/responses/compact'; '* /*' forwards everything. Other "
         "routes get a 403 and nothing is sent. Without CLIENT_KEYS every route is forwarded.",
@@ -290,7 +298,8 @@ class Settings(BaseSettings):
         "split",
         description="split: slow blocks in a message before the first forwarded turn (changed "
         "only by a cut), each turn's recall before its own prompt (kept there while the turn "
-        "is in the window); instructions: everything in instructions.",
+        "is in the window; for Anthropic Messages the slow blocks and the cut's digest are "
+        "one block at the end of system); instructions: everything in instructions.",
     )
     weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")

@@ -134,8 +134,9 @@ class Breakpoints:
             end = context_end(items, ex.history.starts[0])
             if end is not None:
                 wanted.append(end)
-        if ex.stable_block is not None:
-            wanted.extend(i for i, item in enumerate(items) if item is ex.stable_block)
+        if ex.stable_blocks:
+            last = ex.stable_blocks[-1]
+            wanted.extend(i for i, item in enumerate(items) if item is last)
         marked = place(items, wanted)
         if marked is not None:
             ex.body = {**ex.body, "input": marked}

@@ -105,12 +105,13 @@ class Measurer:
             return record
         bodies = pending.bodies
         if bodies is None:
-            # Bytes in the client's protocol: counted as the steps saw them, Responses-shaped
-            # (the proxy's own parsed bodies already are).
+            # Bytes in the client's protocol, counted as its provider reads a prompt (the
+            # proxy's own parsed bodies are Responses ones).
             shape = PROTOCOLS.get(record.protocol, RESPONSES)
             bodies = Bodies(
-                shape.seen(orjson.loads(pending.raw)),
-                None if pending.forwarded is None else shape.seen(orjson.loads(pending.forwarded)),
+                shape.counted(orjson.loads(pending.raw)),
+                None if pending.forwarded is None
+                else shape.counted(orjson.loads(pending.forwarded)),
                 pending.size,
             )
         client, forwarded_tokens = self._counter.measure_pair(bodies.client, bodies.forwarded)

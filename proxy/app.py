@@ -20,7 +20,13 @@ from ctxproxy.config.logs import fields
 from ctxproxy.proxy import bodies, targets
 from ctxproxy.proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from ctxproxy.proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
-from ctxproxy.proxy.headers import check_utf8, request_headers, response_headers
+from ctxproxy.proxy.headers import (
+    Credential,
+    check_utf8,
+    request_headers,
+    response_headers,
+    upstream_credential,
+)
 from ctxproxy.proxy.metrics import Metrics, combine, sample_loop_lag
 from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
@@ -49,6 +55,7 @@ READY = web.AppKey("ready", dict)
 ReadyCheck = Callable[[], Awaitable[bool]]
 READY_CHECKS: web.AppKey[dict[str, ReadyCheck]] = web.AppKey("ready_checks")
 PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
+KEYED = web.AppKey("keyed", bool)  # under CLIENT_KEYS: a client's credential is ours alone
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
@@ -90,6 +97,7 @@ def create_app(
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
+    app[KEYED] = keyed
     app[ROUTES] = Routes.from_settings(settings, client_keys=keyed)  # for add_passthrough
     app[METRICS] = metrics = Metrics()
     app[PIPELINE] = Pipeline([])
@@ -261,9 +269,24 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def _protocol(request: web.Request) -> Protocol:
-    """The protocol whose shape the request's errors take."""
-    return MESSAGES if request.path.startswith("/v1/messages") else (
-        CHAT if request.path.endswith("/chat/completions") else RESPONSES)
+    """The protocol whose shape the request's errors take: the route's, else (another
+    route) the client's, by its headers."""
+    if request.path.startswith("/v1/messages"):
+        return MESSAGES
+    if request.path.endswith("/chat/completions"):
+        return CHAT
+    if request.path.startswith(("/v1/responses", "/responses")):
+        return RESPONSES
+    return MESSAGES if _anthropic(request) else RESPONSES
+
+
+# Headers only Anthropic's clients send (Claude Code, the anthropic SDK): their other calls,
+# GET /v1/models say, go to the Anthropic API too.
+ANTHROPIC_HEADERS = ("anthropic-version", "x-api-key")
+
+
+def _anthropic(request: web.Request) -> bool:
+    return any(name in request.headers for name in ANTHROPIC_HEADERS)
 
 
 def _route_name(request: web.Request) -> str:
@@ -370,9 +393,18 @@ async def anthropic_passthrough(request: web.Request) -> web.StreamResponse:
     ANTHROPIC_URL."""
     path = targets.origin_path(request.raw_path)
     if not request.app[ROUTES].allows(request.method, upstream_path(path)):
-        return refusal()
+        return refusal(MESSAGES)
+    credential = _credential(request, MESSAGES)
     body = await read_body(request) if request.body_exists else None
-    return await relay(request, path, body, protocol=MESSAGES)
+    return await relay(request, path, body, protocol=MESSAGES, credential=credential)
+
+
+def _credential(request: web.Request, protocol: Protocol) -> Credential:
+    """The credential the request's upstream gets (raises NoUpstreamKey before any work is
+    done for a request that could not be forwarded)."""
+    app = request.app
+    return upstream_credential(app[SETTINGS], anthropic=protocol is MESSAGES,
+                               chat=protocol is CHAT, keyed=app[KEYED])
 
 
 async def through_pipeline(request: web.Request, protocol: Protocol) -> web.StreamResponse:
@@ -385,6 +417,7 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info = request[ACCESS]
     at = app[CLOCK]()
     began = time.perf_counter()
+    credential = _credential(request, protocol)
     raw = await read_body(request)
     body = raw
     ex: Exchange | None = None
@@ -419,7 +452,8 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
     path = {"responses": "responses", "chat": "chat/completions"}.get(
         protocol.name, "v1/messages")
-    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol)
+    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol,
+                       credential=credential)
 
 
 T = TypeVar("T")
@@ -445,7 +479,8 @@ def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesReque
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Every other method and path, forwarded unchanged under UPSTREAM_URL (under client
-    keys, only the routes ``proxy.passthrough`` allows)."""
+    keys, only the routes ``proxy.passthrough`` allows); the model list asked by an Anthropic
+    client (its headers say so), under ANTHROPIC_URL."""
     if request.headers.get("upgrade"):
         # Codex tries a WebSocket first when configured to; 426 makes it fall back to HTTP.
         return error_response(
@@ -456,16 +491,23 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         )
     # The target as the client sent it (still percent-encoded), so that nothing is decoded
     # and re-encoded differently on the way; Upstream.url refuses dot segments.
-    path = upstream_path(targets.origin_path(request.raw_path))
+    origin = targets.origin_path(request.raw_path)
+    path = upstream_path(origin)
+    models = path == "/models" or path.startswith("/models/")
+    protocol = MESSAGES if models and _anthropic(request) else RESPONSES
     if not request.app[ROUTES].allows(request.method, path):
-        return refusal()  # before the body is read: nothing of it goes anywhere
+        return refusal(protocol)  # before the body is read: nothing of it goes anywhere
+    credential = _credential(request, protocol)
     body = await read_body(request) if request.body_exists else None
-    return await relay(request, path, body)
+    # Anthropic's base URL has no /v1: its path is the client's.
+    return await relay(request, origin if protocol is MESSAGES else path, body,
+                       protocol=protocol, credential=credential)
 
 
 async def relay(
     request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False,
     ex: Exchange | None = None, protocol: Protocol = RESPONSES,
+    credential: Credential | None = None,
 ) -> web.StreamResponse:
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
     pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
@@ -476,10 +518,10 @@ async def relay(
     end) reads beside it."""
     app = request.app
     info = request[ACCESS]
-    upstream, key = _upstream(app, protocol)
+    upstream = _upstream(app, protocol)
     headers = request_headers(
         request.headers,
-        f"Bearer {key.get_secret_value()}" if key else None,
+        credential if credential is not None else _credential(request, protocol),
         body_decoded=request.get(bodies.DECODED, False),
     )
     url = upstream.url(path, request.raw_path.partition("?")[2])
@@ -545,15 +587,13 @@ async def relay(
             upstream_response.close()  # client gone or stream broken: drop the connection now
 
 
-def _upstream(app: web.Application, protocol: Protocol) -> tuple[Upstream, Any]:
-    """Where a protocol's requests go, and the key that replaces the client's (None: the
-    client's own goes)."""
-    settings = app[SETTINGS]
-    if protocol is MESSAGES:  # UPSTREAM_API_KEY is an OpenAI key: the client's own goes
-        return app[ANTHROPIC], None
-    if protocol is CHAT and settings.chat_url:
-        return app[CHAT_UPSTREAM], settings.chat_api_key
-    return app[UPSTREAM], settings.upstream_api_key
+def _upstream(app: web.Application, protocol: Protocol) -> Upstream:
+    """Where a protocol's requests go (their credential: ``_credential``)."""
+    if protocol is MESSAGES:
+        return app[ANTHROPIC]
+    if protocol is CHAT and app[SETTINGS].chat_url:
+        return app[CHAT_UPSTREAM]
+    return app[UPSTREAM]
 
 
 Tap = UsageTap | BodyTap | MessagesTap | ChatTap

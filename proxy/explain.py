@@ -34,6 +34,7 @@ from ctxproxy.proxy.auth import ADMIN, PRINCIPAL
 from ctxproxy.proxy.errors import error_response
 from ctxproxy.request import End, History, Item, Step, message_text, output_text
 from ctxproxy.request.items import SYSTEM_ROLES
+from ctxproxy.request.messages import mark_count
 from ctxproxy.request.protocol import CHAT, MESSAGES, PROTOCOLS, RESPONSES
 
 __all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render", "steps"]
@@ -181,6 +182,9 @@ def explain(raw: bytes, forwarded: bytes, protocol: str = "responses") -> dict[s
     shape = PROTOCOLS.get(protocol, RESPONSES)
     client, sent = orjson.loads(raw), orjson.loads(forwarded)
     before_text, after_text = _system_text(shape, client), _system_text(shape, sent)
+    # Messages carry their cache marks in their own blocks (the steps' items do not).
+    marks = (mark_count(sent) - mark_count(client) if shape is MESSAGES
+             and isinstance(client, dict) and isinstance(sent, dict) else None)
     client, sent = shape.seen(client), shape.seen(sent)
     items_in = client.get("input") if isinstance(client.get("input"), list) else []
     items_out = sent.get("input") if isinstance(sent.get("input"), list) else []
@@ -212,7 +216,8 @@ def explain(raw: bytes, forwarded: bytes, protocol: str = "responses") -> dict[s
             [i for i in counted_out if not _added_words(i, in_digests)]),
         "items_in": len(items_in), "items_forwarded": len(counted_out), "items_cut": cut,
         "outputs_masked": masked, "items_added": added,
-        "breakpoints": len(client_marks(items_out)) - len(client_marks(items_in)),
+        "breakpoints": (marks if marks is not None
+                        else len(client_marks(items_out)) - len(client_marks(items_in))),
         "instructions_added": {"chars": len(extra), "tokens": tokens.count(extra) if extra else 0,
                                "blocks": list(dict.fromkeys(_TAG.findall(extra)))},
         "client_tokens": counter.measure(client).tokens,

@@ -18,6 +18,7 @@ from ctxproxy.ledger.recorder import Recorder
 from ctxproxy.ledger.stores import make_ledger
 from ctxproxy.proxy.app import CLOCK, METRICS, SETTINGS
 from ctxproxy.request import Access, End, Sent, Step
+from ctxproxy.request.protocol import RESPONSES
 
 __all__ = ["LEDGER", "LedgerSide", "LedgerStep", "install", "step"]
 
@@ -163,7 +164,10 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
 
 
 def _bodies(sent: Sent, forwarded: bytes | None) -> Bodies | None:
-    """The bodies the proxy parsed, when it has both (else the recorder parses the bytes)."""
+    """The bodies the proxy parsed, when it has both (else the recorder parses the bytes).
+    A Messages request's parse is the steps' view, not its prompt: counted from its bytes."""
+    if sent.exchange is not None and sent.exchange.protocol is not RESPONSES:
+        return None
     if sent.client_body is None or (forwarded is not None and sent.forwarded_body is None):
         return None
     size = len(sent.raw) + (len(forwarded) if forwarded is not None else 0)

@@ -15,7 +15,7 @@ import orjson
 
 from ctxproxy.request import chat as chat_
 from ctxproxy.request import messages as messages_
-from ctxproxy.request.items import Item, prompt_message
+from ctxproxy.request.items import Item, message_text, prompt_message
 
 if TYPE_CHECKING:
     from ctxproxy.request.exchange import Exchange
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAT", "MESSAGES", "PROTOCOLS", "RESPONSES", "Chat", "Messages", "Protocol", "Responses",
 ]
+
+PINNED_SEPARATOR = "\n\n"  # between the digest and the standing memory in their one block
 
 
 class Protocol:
@@ -36,6 +38,9 @@ class Protocol:
     # Cache breakpoints may be marked on the items themselves (``injectors.breakpoints``, for
     # BREAKPOINT_MODELS): only where the protocol's items carry them as the Responses API's do.
     item_marks = True
+    # The blocks the proxy pins until the next cut (the digest, the standing memory) go
+    # before the client's own context: a cut makes that context cold too.
+    blocks_before_context = False
     # The body's key for the items every step reads, in the body the steps see.
     items_key = "input"
 
@@ -62,6 +67,11 @@ class Protocol:
             return self.parse(body)[0]
         except (TypeError, ValueError):
             return body
+
+    def counted(self, body: Any) -> Any:
+        """A body of this protocol as the ledger counts its prompt (``ledger.counterfactual``
+        reads Responses bodies and Anthropic Messages ones, each in its provider's order)."""
+        return self.seen(body)
 
     def session(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
         cache_key = body.get("prompt_cache_key")
@@ -90,6 +100,10 @@ class Messages(Protocol):
     name = "messages"
     caches_at_marks = True
     item_marks = False  # its own marks (cache_control): set as the body is written back
+    blocks_before_context = True  # at the end of system; Claude Code's context is in messages
+
+    def counted(self, body: Any) -> Any:
+        return body  # tools, each system block, each message: Anthropic's order
 
     def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
         items, view = messages_.parse(body)
@@ -99,8 +113,12 @@ class Messages(Protocol):
         return seen, items, view
 
     def write_back(self, ex: Exchange) -> dict[str, Any]:
-        """The Messages body: the items as messages, ``instructions`` at the end of ``system``,
-        and after a cut (or a block the proxy pins before the first turn) the cache marks."""
+        """The Messages body: the items as messages; at the end of ``system`` what steps
+        appended to ``instructions``, then the blocks pinned until the next cut (the cut
+        digest, the standing memory) as one text block; after a cut, or with such a block,
+        the cache marks: at the end of the stable context (the client's system and the
+        knowledge block), after the pinned block, and at the end of the client's context in
+        ``messages``."""
         view = ex.view
         assert isinstance(view, messages_.MessagesView)
         items = ex.items or []
@@ -109,12 +127,22 @@ class Messages(Protocol):
         # forwarded prompt (the window pins context wherever it stood).
         head_end = next((items[i] for i in range(first - 1, -1, -1)
                          if id(items[i]) in view.origins), None)
-        messages, (head_at, stable_at) = messages_.write_back(
-            view, items, (head_end, ex.stable_block))
+        pinned = {id(block) for block in ex.stable_blocks}
+        messages, (head_at,) = messages_.write_back(
+            view, [item for item in items if id(item) not in pinned], (head_end,))
         system = messages_.system_blocks(ex.body.get("system"), ex.body.get("instructions"))
-        if ex.first_turn or stable_at is not None:
-            system, messages = messages_.marks(
-                system, messages, [head_at if head_at is not None else -1, stable_at])
+        pinned_text = PINNED_SEPARATOR.join(
+            text for block in ex.stable_blocks if (text := message_text(block)))
+        system = messages_.system_blocks(system, pinned_text)
+        # The stable context ends right before the pinned block (one block, appended last).
+        stable_end = len(system) - 2 if pinned_text and isinstance(system, list) else None
+        if ex.first_turn or pinned_text:
+            wanted: list[messages_.Place | None] = [
+                (-1, stable_end if pinned_text else None),
+                (-1, None) if pinned_text else None,
+                (head_at, None) if head_at is not None else None,
+            ]
+            system, messages = messages_.marks(system, messages, wanted)
         out: dict[str, Any] = {}
         for key, value in ex.body.items():
             if key == "input":

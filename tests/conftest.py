@@ -14,6 +14,7 @@ from ctxproxy.config import Settings, load_settings
 from ctxproxy.ledger import Record
 from ctxproxy.proxy.assemble import build_app
 from ctxproxy.proxy.ledger_wiring import LEDGER
+from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.server import Running, free_port, serve
 from tests.fakes.upstream import FakeUpstream
 
@@ -54,6 +55,16 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
     fake = FakeUpstream()
     running = await serve(fake.app())
     fake.url = running.url  # type: ignore[attr-defined]
+    yield fake
+    await running.close()
+
+
+@pytest.fixture
+async def anthropic() -> AsyncIterator[FakeAnthropic]:
+    """A fake Anthropic Messages upstream (pass its ``url`` as ``anthropic_url``)."""
+    fake = FakeAnthropic()
+    running = await serve(fake.app())
+    fake.url = running.url
     yield fake
     await running.close()
 

@@ -6,31 +6,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from tests.conftest import ProxyFactory
 from tests.fakes.anthropic import FakeAnthropic, system_text
 from tests.fakes.chat import ChatSession
 from tests.fakes.claude_code import ClaudeSession
-from tests.fakes.server import serve
 from tests.fakes.upstream import FakeUpstream
 from tests.memory.conftest import Backend
 from tests.memory.session import Session, settle
 
 PREFERENCE = "Use Python, not Node, for the build scripts."
 OWNER = {"x-team-id": "team-m", "x-agent-id": "agent-m", "x-tdai-user-key": "uk-owner"}
-
-
-@pytest.fixture
-async def anthropic() -> AsyncIterator[FakeAnthropic]:
-    fake = FakeAnthropic()
-    running = await serve(fake.app())
-    fake.url = running.url
-    yield fake
-    await running.close()
 
 
 def memory_of(body: dict[str, Any]) -> str:
