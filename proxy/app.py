@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -27,7 +23,25 @@ from ctxproxy.proxy.headers import (
     response_headers,
     upstream_credential,
 )
-from ctxproxy.proxy.metrics import Metrics, combine, sample_loop_lag
+from ctxproxy.proxy.keys import (
+    ACCESS,
+    ANTHROPIC,
+    CHAT_UPSTREAM,
+    CLOCK,
+    EXCHANGE,
+    KEYED,
+    METRICS,
+    PEERS,
+    PIPELINE,
+    READY,
+    READY_CHECKS,
+    SENT,
+    SETTINGS,
+    UPSTREAM,
+    ReadyCheck,
+)
+from ctxproxy.proxy.local import gc_ctx, healthz, loop_lag_ctx, metrics_route, readyz, switch_ctx
+from ctxproxy.proxy.metrics import Metrics
 from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from ctxproxy.proxy.pipeline import Pipeline
@@ -35,7 +49,6 @@ from ctxproxy.proxy.sse import BodyTap, UsageTap
 from ctxproxy.proxy.sse_chat import ChatBodyTap, ChatTap
 from ctxproxy.proxy.sse_messages import MessagesBodyTap, MessagesTap
 from ctxproxy.proxy.upstream import Idle, Upstream
-from ctxproxy.proxy.workers import Peers
 from ctxproxy.request import Access, Answer, End, Exchange, NotAResponsesRequest, Sent, Step
 from ctxproxy.request.protocol import CHAT, MESSAGES, RESPONSES, Protocol
 from ctxproxy.window.step import WindowStep
@@ -43,26 +56,12 @@ from ctxproxy.window.step import WindowStep
 log = logging.getLogger("ctxproxy")
 access_log = logging.getLogger("ctxproxy.access")
 
-SETTINGS = web.AppKey("settings", Settings)
-METRICS = web.AppKey("metrics", Metrics)
-UPSTREAM = web.AppKey("upstream", Upstream)
-ANTHROPIC = web.AppKey("anthropic", Upstream)  # the Anthropic API (ANTHROPIC_URL)
-CHAT_UPSTREAM = web.AppKey("chat", Upstream)  # the Chat Completions API (CHAT_URL, or UPSTREAM)
-PIPELINE = web.AppKey("pipeline", Pipeline)
-READY = web.AppKey("ready", dict)
-# What /readyz asks besides start-up and shutdown: each side's name and whether it can serve
-# (the memory store reachable, say), so a load balancer routes around a replica that cannot.
-ReadyCheck = Callable[[], Awaitable[bool]]
-READY_CHECKS: web.AppKey[dict[str, ReadyCheck]] = web.AppKey("ready_checks")
-PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
-KEYED = web.AppKey("keyed", bool)  # under CLIENT_KEYS: a client's credential is ours alone
-# The app's wall clock (a bench replays hours of a session in seconds with its own).
-CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+__all__ = [
+    "ACCESS", "ANTHROPIC", "CHAT_UPSTREAM", "CLOCK", "EXCHANGE", "KEYED", "METRICS", "PEERS",
+    "PIPELINE", "READY", "READY_CHECKS", "SENT", "SETTINGS", "UPSTREAM", "ReadyCheck",
+    "add_passthrough", "create_app", "relay",
+]
 
-ACCESS = web.RequestKey("access", Access)
-SENT = web.RequestKey("sent", Sent)
-# The request's parsed body, from its parse on: what the pipeline's later phases are told of.
-EXCHANGE = web.RequestKey("exchange", Exchange)
 
 StepsFactory = Callable[[web.Application], Sequence[Step]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -160,48 +159,6 @@ def create_app(
     return app
 
 
-# Every request in flight holds its parsed body alive (thousands of dicts and lists). With
-# CPython's default threshold of 700 net new objects, 32 concurrent requests trigger young
-# collections all the time and push the bodies into the old generation, whose full collections
-# then walk every one of them (bench/RESULTS.md, Proxy overhead: Changes made). Parsed JSON has
-# no reference cycles (reference counting frees it either way), so a higher threshold only
-# delays finding the rare real cycle.
-GC_YOUNG_THRESHOLD = 50_000
-
-
-async def gc_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Raise the young-generation GC threshold while the app serves; restore it after."""
-    previous = gc.get_threshold()
-    gc.set_threshold(max(previous[0], GC_YOUNG_THRESHOLD), *previous[1:])
-    yield
-    gc.set_threshold(*previous)
-
-
-# The GIL's switch interval while the app serves (CPython's default is 5 ms): how long a thread
-# that wants the GIL waits while another runs Python before it asks for it. The loop coming
-# back from each socket write, and a memory thread with a turn's search done, wait so; a
-# shorter interval brings a search's result to its turn sooner and lowered the added p99 for
-# the same CPU a request (bench/RESULTS.md, Load).
-SWITCH_INTERVAL_S = 0.001
-
-
-async def switch_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Shorten the GIL's switch interval while the app serves; restore it after."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))
-    yield
-    sys.setswitchinterval(previous)
-
-
-async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Sample the event loop's scheduling delay into ctxproxy_event_loop_lag_seconds."""
-    task = asyncio.create_task(sample_loop_lag(app[METRICS].loop_lag), name="ctxproxy-loop-lag")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def add_passthrough(app: web.Application) -> None:
     """The catch-all route; added last, after any local routes the other sides mount."""
     app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
@@ -293,64 +250,6 @@ def _route_name(request: web.Request) -> str:
     """The matched route's name up to its first colon ("responses", "knowledge", ...)."""
     name = request.match_info.route.name
     return name.partition(":")[0] if name else "other"
-
-
-# --- local routes ----------------------------------------------------------------------------
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    if not request.app[READY]["ready"]:
-        return web.json_response({"ready": False}, status=503)
-    checks = request.app[READY_CHECKS]
-    answers = await asyncio.gather(*(check() for check in checks.values()))
-    failing = [name for name, ok in zip(checks, answers, strict=True) if not ok]
-    if failing:
-        return web.json_response({"ready": False, "failing": failing}, status=503)
-    return web.json_response({"ready": True})
-
-
-PEER_SCRAPE_TIMEOUT_S = 2.0
-
-
-async def metrics_route(request: web.Request) -> web.Response:
-    """This process's metrics; in a worker of several, every worker's added up (a worker
-    that does not answer in time, being replaced say, is left out: see
-    ctxproxy_workers_scraped). ``?worker=this``: this worker's alone."""
-    metrics = request.app[METRICS]
-    peers = request.app.get(PEERS)
-    if peers is None or request.query.get("worker") == "this":
-        return web.Response(body=metrics.render(), content_type="text/plain")
-    others = await asyncio.gather(*(_scrape(path) for path in peers.others()))
-    own = metrics.render().decode()
-    body = combine([own, *(text for text in others if text is not None)])
-    return web.Response(body=body, content_type="text/plain")
-
-
-def sibling_app(metrics: Metrics) -> web.Application:
-    """What a worker serves its siblings on its socket: its own metrics, nothing else."""
-
-    async def own(request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", own)
-    return app
-
-
-async def _scrape(path: Path) -> str | None:
-    """A sibling worker's own metrics, over its Unix socket; None if it does not answer."""
-    timeout = aiohttp.ClientTimeout(total=PEER_SCRAPE_TIMEOUT_S)
-    try:
-        async with aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=str(path)), timeout=timeout
-        ) as session, session.get("http://worker/metrics") as r:
-            return await r.text() if r.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return None
 
 
 # --- forwarded routes ------------------------------------------------------------------------

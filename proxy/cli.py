@@ -146,8 +146,9 @@ async def _serve(settings: Settings, *, peers: workers.Peers | None = None,
                  ready: workers.Ready | None = None) -> None:
     """Serve the app; a worker (``peers``) shares the port with the others (SO_REUSEPORT)
     and listens to them on its socket."""
-    from ctxproxy.proxy.app import METRICS, PEERS, sibling_app
+    from ctxproxy.proxy.app import METRICS, PEERS
     from ctxproxy.proxy.assemble import build_app, limits
+    from ctxproxy.proxy.local import sibling_app
 
     app = build_app(settings)
     if peers is not None:

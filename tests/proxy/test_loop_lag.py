@@ -7,7 +7,7 @@ import sys
 
 import aiohttp
 
-from ctxproxy.proxy.app import SWITCH_INTERVAL_S
+from ctxproxy.proxy.local import SWITCH_INTERVAL_S
 from tests.conftest import ProxyFactory
 
 

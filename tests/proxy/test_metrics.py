@@ -8,7 +8,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from ctxproxy.proxy.app import METRICS, PEERS, metrics_route, sibling_app
+from ctxproxy.proxy.app import METRICS, PEERS
+from ctxproxy.proxy.local import metrics_route, sibling_app
 from ctxproxy.proxy.metrics import Metrics, combine
 from ctxproxy.proxy.workers import Peers
 
