@@ -1,9 +1,11 @@
-"""Real agent runs replayed as Codex sessions, direct and through ctxproxy, with Codex's own
-auto-compaction on the client side; priced by bench/harness/pricing.py.
+"""Real agent runs replayed as Codex sessions (or Claude Code's: ``--protocol messages``),
+direct and through ctxproxy, with the client's own auto-compaction; priced by
+bench/harness/pricing.py (Anthropic's rules: bench/harness/anthropic_pricing.py).
 
     python -m bench.trajectories                       # 20 runs of each repository
     python -m bench.trajectories --repos django --all  # every django run
     python -m bench.trajectories --strategies direct,defaults --strategy k3:KEEP_TURNS=3
+    python -m bench.trajectories --protocol messages   # as Claude Code sessions
 
 The runs in ../shared/trajectories (mini-swe-agent, one shell command per model call) become
 Codex requests: Codex's context messages and the run's system message as a developer message,
@@ -12,7 +14,9 @@ where the run kept one), an ``exec_command`` call and its output in Codex's exec
 closing answer. A session is one task, or N tasks in a row (one user turn each); later tasks
 of a multi-task session also ask for a fact an earlier task's output showed (the blob hashes
 of the patch it submitted). Direct and through the proxy, the client compacts as Codex does
-(bench/harness/codex.py) when the input tokens the server reported pass 220k.
+(bench/harness/codex.py) when the input tokens the server reported pass 220k. As Claude Code
+sessions (bench/harness/claude.py), the same runs are Claude Code's Messages requests with its
+cache marks, to /v1/messages, and it compacts as Claude Code does (at 167k).
 """
 
 from __future__ import annotations
@@ -372,7 +376,8 @@ async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Ru
     return runs
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options, with the defaults of the client shape ``--protocol`` names."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=TRAJECTORIES, help="trajectory folder")
     parser.add_argument("--all", action="store_true", help="every run, not a subset")
@@ -415,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.limit = CLAUDE_COMPACT_TOKENS if messages else 220_000
     if args.plot is None and not args.no_write:
         args.plot = PNG_MESSAGES if messages else PNG  # the figure goes with its table
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    messages = args.protocol == "messages"
     if not args.runs.is_dir():
         sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
     logging.basicConfig(level=logging.WARNING)
