@@ -235,7 +235,9 @@ def plot(runs: Sequence[Run], path: Path) -> None:
         bars.bar_label(drawn, fmt="%.2f", fontsize=7)
     bars.axhline(1.0, color="dimgray", ls="--", lw=1)
     bars.set_xticks([k + width * (len(names_) - 1) / 2 for k in range(len(kinds))], kinds)
-    bars.set_ylabel("input cost vs direct (cached at 10%)")
+    writes = any(b.written_tokens for r in runs for b in r.bills)
+    bars.set_ylabel("input cost vs direct (cached at 10%"
+                    + (", written at 125%)" if writes else ")"))
     bars.set_title("Cost per session kind")
     bars.legend(fontsize=8)
     longest = max(runs, key=lambda r: len(r.session.tasks)).session
