@@ -284,3 +284,18 @@ async def test_the_fake_anthropic_refuses_a_fifth_mark() -> None:
         error = await resp.json()
     assert resp.status == 400 and error["error"]["type"] == "invalid_request_error"
     assert upstream.bills == []
+
+
+def test_the_messages_shape_has_its_own_block_figure_and_client_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    touched: list[str] = []
+    monkeypatch.setattr(bench, "main_async", lambda args, tasks: asyncio.sleep(0, []))
+    monkeypatch.setattr(bench, "report", lambda *a: "the table")
+    monkeypatch.setattr(bench, "plot", lambda runs, path: touched.append(path.name))
+    monkeypatch.setattr(bench, "write_block", lambda *a: touched.append(a[1]))
+    bench.main(["--runs", str(tmp_path), "--protocol", "messages"])
+    assert touched == [bench.PNG_MESSAGES.name, bench.BLOCK_MESSAGES[1]]  # not Codex's
+    claude, codex = bench.parse_args(["--protocol", "messages"]), bench.parse_args([])
+    assert (claude.ttl, claude.limit) == (300, 167_000)  # Anthropic's TTL, Claude Code's limit
+    assert (codex.ttl, codex.limit) == (600, 220_000)

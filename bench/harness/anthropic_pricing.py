@@ -74,12 +74,13 @@ def usage(bill: Bill) -> dict[str, int]:
 def answer_events(content: list[Block], bill: Bill, model: str) -> list[dict[str, Any]]:
     """The Messages events of one answer: each block started, its whole text (or input) in
     one delta, stopped; the usage at the start and, cumulative, at the end."""
-    message = {"id": f"msg_{len(content)}_{int(bill.at)}", "type": "message",
+    message: dict[str, Any] = {"id": f"msg_{len(content)}_{int(bill.at)}", "type": "message",
                "role": "assistant", "model": model, "content": [], "stop_reason": None,
                "stop_sequence": None, "usage": {**usage(bill), "output_tokens": 1}}
     events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
     for index, block in enumerate(content):
         kind = block["type"]
+        start: Block
         if kind == "thinking":
             start = {"type": "thinking", "thinking": "", "signature": ""}
             deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},

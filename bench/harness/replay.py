@@ -54,8 +54,15 @@ class Compact(Protocol):
 class Shape(Protocol):
     """One client's requests, and the fake model's answers in its protocol."""
 
-    path: str  # under the base URL
-    writes: bool  # the provider reports cache writes (its usage has ``written``)
+    @property
+    def path(self) -> str:
+        """Where the requests go, under the base URL."""
+        ...
+
+    @property
+    def writes(self) -> bool:
+        """The provider reports cache writes (the usage the client sees has ``written``)."""
+        ...
 
     def context(self, system: str) -> list[Item]: ...
 
@@ -284,8 +291,8 @@ async def replay(http: aiohttp.ClientSession, url: str, session: Session, shape:
         for k in range(len(task.steps) + 1):
             if k and compact.due:
                 await compaction(j, k, turn_id)
-            wanted = (names(task.steps[k].command) if k < len(task.steps) else set())
-            wanted = frozenset(n for n in wanted & known if n not in static | prompt_names)
+            command = names(task.steps[k].command) if k < len(task.steps) else set()
+            wanted = frozenset(n for n in command & known if n not in static | prompt_names)
             e = Expect("turn", j, k, extends, wanted, wanted - in_task,
                        ask if k == 0 else None)
             history.extend(await send(e, history, turn_id))
