@@ -299,3 +299,23 @@ def test_the_messages_shape_has_its_own_block_figure_and_client_defaults(
     claude, codex = bench.parse_args(["--protocol", "messages"]), bench.parse_args([])
     assert (claude.ttl, claude.limit) == (300, 167_000)  # Anthropic's TTL, Claude Code's limit
     assert (codex.ttl, codex.limit) == (600, 220_000)
+
+
+async def test_after_the_proxy_cuts_a_claude_code_session_the_system_is_still_read(
+    tasks: list[runs.Task], tmp_path: Path
+) -> None:
+    session, shape = runs.build_session(tasks), load_claude_shape()
+    cutting = bench.strategy("k1:WINDOW_POLICY=fixed,KEEP_TURNS=1,TRIM_SLACK=0,"
+                             "MEMORY_ENABLED=false")
+    run = await bench.run_one(cutting, session, shape, tmp_path / "k", ttl_s=300)
+    turns = [(r, b) for r, b in zip(run.records, run.bills, strict=True) if r.kind == "turn"]
+    cut = [n for n, (r, _) in enumerate(turns) if r.cut]
+    assert cut  # the second task's first request forwards it alone
+    first_bill = turns[0][1]
+    for n in cut:
+        bill = turns[n][1]
+        # The marks the proxy leaves after a cut keep the tools and system read from the
+        # cache (what the first request wrote at Claude Code's system marks) ...
+        assert bill.cached_tokens >= 1024 and bill.cached_tokens < first_bill.input_tokens
+        # ... and the next request reads all of the cut one.
+        assert turns[n + 1][1].cached_tokens == bill.input_tokens
