@@ -1,9 +1,11 @@
-"""Real agent runs replayed as Codex sessions, direct and through ctxproxy, with Codex's own
-auto-compaction on the client side; priced by bench/harness/pricing.py.
+"""Real agent runs replayed as Codex sessions (or Claude Code's: ``--protocol messages``),
+direct and through ctxproxy, with the client's own auto-compaction; priced by
+bench/harness/pricing.py (Anthropic's rules: bench/harness/anthropic_pricing.py).
 
     python -m bench.trajectories                       # 20 runs of each repository
     python -m bench.trajectories --repos django --all  # every django run
     python -m bench.trajectories --strategies direct,defaults --strategy k3:KEEP_TURNS=3
+    python -m bench.trajectories --protocol messages   # as Claude Code sessions
 
 The runs in ../shared/trajectories (mini-swe-agent, one shell command per model call) become
 Codex requests: Codex's context messages and the run's system message as a developer message,
@@ -12,7 +14,9 @@ where the run kept one), an ``exec_command`` call and its output in Codex's exec
 closing answer. A session is one task, or N tasks in a row (one user turn each); later tasks
 of a multi-task session also ask for a fact an earlier task's output showed (the blob hashes
 of the patch it submitted). Direct and through the proxy, the client compacts as Codex does
-(bench/harness/codex.py) when the input tokens the server reported pass 220k.
+(bench/harness/codex.py) when the input tokens the server reported pass 220k. As Claude Code
+sessions (bench/harness/claude.py), the same runs are Claude Code's Messages requests with its
+cache marks, to /v1/messages, and it compacts as Claude Code does (at 167k).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import asyncio
 import logging
 import os
 import platform
-import random
 import shlex
 import sys
 import tempfile
@@ -34,31 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
-from bench.harness.agent_runs import (
-    TRAJECTORIES,
-    Session,
-    Task,
-    build_session,
-    call_output,
-    context,
-    load_task,
-    names,
-    repo_of,
-    step_answer,
-)
-from bench.harness.codex import (
-    AutoCompact,
-    Shapes,
-    chat_memory_call,
-    compaction_input,
-    load_shapes,
-    read_answer,
-    run_curl,
-    search_command,
-    user_message,
-)
+from bench.harness.agent_runs import TRAJECTORIES, Session, Task, build_session, load_task, repo_of
+from bench.harness.anthropic_pricing import TTL_S as ANTHROPIC_TTL_S
+from bench.harness.anthropic_pricing import MessagesPricingUpstream, anthropic_note
+from bench.harness.claude import AUTO_COMPACT_TOKENS as CLAUDE_COMPACT_TOKENS
+from bench.harness.claude import claude_note, load_claude_shape
+from bench.harness.codex import Shapes, load_shapes
 from bench.harness.machine import load_average, revision
 from bench.harness.pricing import (
     TOKENIZER,
@@ -68,9 +53,9 @@ from bench.harness.pricing import (
     SimClock,
     add_cache_rules_argument,
     cache_rules_note,
-    message,
 )
 from bench.harness.proxy_settings import SIMULATED_TIME, strategy_settings
+from bench.harness.replay import CodexShape, Record, ReplayModel, Searches, Shape, replay
 from bench.harness.results import write_block
 from bench.harness.serving import free_port, serving
 from ctxproxy.config import load_settings
@@ -81,176 +66,12 @@ PNG = Path(__file__).resolve().parent / "trajectories.png"
 SECTION = "## Real agent runs"
 BEGIN = "<!-- trajectories:begin (written by bench/trajectories.py) -->"
 END = "<!-- trajectories:end -->"
+PNG_MESSAGES = PNG.with_name("trajectories_messages.png")
+BLOCK_MESSAGES = ("## Real agent runs as Claude Code sessions",
+                  "<!-- trajectories-messages:begin (written by bench/trajectories.py) -->",
+                  "<!-- trajectories-messages:end -->")
+PROTOCOLS = ("responses", "messages")
 CACHED_PRICE = 0.1
-
-# --- the model and the client -----------------------------------------------------------------
-
-
-@dataclass
-class Expect:
-    """What the client's next request is for; the fake model answers from it."""
-
-    kind: str  # "turn" or "compaction"
-    task: int
-    step: int
-    extends: bool  # the client's request extends its previous one
-    names: frozenset[str] = frozenset()  # of the next command: seen earlier in the session
-    older: frozenset[str] = frozenset()  # of those, the ones seen only in earlier tasks
-    ask: str | None = None
-    summary: str = ""
-
-
-@dataclass
-class Record:
-    kind: str
-    task: int
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    cut: bool = False
-    memory: bool = False  # the forwarded request carried a memory block
-
-
-@dataclass
-class ReplayModel:
-    """The fake model: answers what the client expects, and looks at what reached it."""
-
-    session: Session
-    expect: Expect | None = None
-    records: list[Record] = field(default_factory=list)
-    names_seen: int = 0
-    names_visible: int = 0
-    older_seen: int = 0
-    older_visible: int = 0
-    asks: dict[int, bool] = field(default_factory=dict)  # task -> its fact reached the model
-    # The names of the last request that were not in view, and the chat-memory search line
-    # its knowledge block offered (None: no block): the replay runs the search for each.
-    missed: tuple[list[str], str | None] = ([], None)
-    _last: tuple[Any, list[Item]] | None = None
-
-    def __call__(self, body: dict[str, Any], raw: bytes) -> list[Item]:
-        e, self.expect = self.expect, None
-        if e is None or body.get("prompt_cache_key") != self.session.thread:
-            self.records.append(Record("side", -1))  # a call of the proxy's own: billed, echoed
-            return [message("ok")]
-        items = body.get("input") or []
-        last, self._last = self._last, (body.get("instructions"), items)
-        cut = (e.extends and last is not None
-               and (last[0] != body.get("instructions") or items[: len(last[1])] != last[1]))
-        text = raw.decode("utf-8", "replace")
-        self.records.append(Record(e.kind, e.task, cut=cut, memory="_memory>" in text))
-        self.names_seen += len(e.names)
-        self.names_visible += sum(n in text for n in e.names)
-        self.missed = ([n for n in sorted(e.names) if n not in text],
-                       chat_memory_call(body.get("instructions") or ""))
-        self.older_seen += len(e.older)
-        self.older_visible += sum(n in text for n in e.older)
-        if e.ask is not None:
-            self.asks[e.task] = e.ask in text
-        if e.kind == "compaction":
-            return [message(e.summary, f"msg_summary_{len(self.records)}")]
-        return step_answer(self.session.tasks[e.task], e.task, e.step)
-
-
-def summarise(session: Session, upto: int, step: int, commands: list[str]) -> str:
-    """What the fake summariser writes: the tasks so far, the names the commands used (newest
-    first, at most 80), the last command. It reads the whole history, as a real one would."""
-    used: list[str] = []
-    for cmd in reversed(commands):
-        used += [n for n in sorted(names(cmd)) if n not in used]
-    tasks = "\n".join(
-        f"- {t.name}: " + ("done, patch submitted" if j < upto else f"in progress, {step} steps")
-        for j, t in enumerate(session.tasks[: upto + 1]))
-    last = commands[-1] if commands else ""
-    return (f"SUMMARY:\nTasks:\n{tasks}\nFiles and names worked with: {', '.join(used[:80])}\n"
-            f"Last command: {last[:400]}\nNext: continue the current task.")
-
-
-@dataclass
-class Searches:
-    """The names a command reused that were not in view, and those a search of the chat memory
-    for the name (the model's first move, were it to miss one) would have brought back."""
-
-    missed: int = 0
-    offered: int = 0  # missed while the knowledge block offered the chat-memory search
-    found: int = 0
-
-    async def run(self, http: aiohttp.ClientSession, names_: list[str], line: str | None) -> None:
-        self.missed += len(names_)
-        if line is None:
-            return
-        for name in names_:
-            self.offered += 1
-            self.found += name in await run_curl(http, search_command(line, name))
-
-
-async def replay(http: aiohttp.ClientSession, url: str, session: Session, shapes: Shapes,
-                 model: ReplayModel, clock: SimClock, compact: AutoCompact,
-                 searches: Searches | None = None) -> list[dict[str, int]]:
-    """Play the session as Codex would; returns the usage the client saw per request."""
-    r = random.Random(session.thread)
-    history = context(shapes, session.tasks[0].system)
-    n_context = len(history)
-    static = names("".join(orjson.dumps(i).decode() for i in history))
-    known: set[str] = set()  # names seen so far in the session, outside the context
-    commands: list[str] = []
-    seen: list[dict[str, int]] = []
-    extends = False
-
-    async def send(expect: Expect, items: list[Item], turn_id: str) -> list[Item]:
-        model.expect = expect
-        body, headers = shapes.request(items, session.thread, turn_id, kind=expect.kind)
-        async with http.post(url + "/responses", data=body, headers=headers) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
-            output, usage = read_answer(await resp.read())
-        seen.append(usage)
-        compact.seen(usage["input"])
-        missed, model.missed = model.missed, ([], None)
-        if searches is not None and missed[0]:
-            await searches.run(http, *missed)
-        clock.now += r.uniform(2, 20)  # the model thinks
-        return output
-
-    async def compaction(j: int, k: int, turn_id: str) -> None:
-        nonlocal history, extends
-        # Not counted as extending: it has no tools, so its prompt differs from the start.
-        e = Expect("compaction", j, k, False, summary=summarise(session, j, k, commands))
-        output = await send(e, compaction_input(history), turn_id)
-        summary = next(i for i in output if i.get("type") == "message")["content"][0]["text"]
-        history = compact.compacted(history, n_context, summary, TOKENIZER.count,
-                                    f"msg_summary_{compact.count}_{j}_{k}")
-        extends = False
-
-    for j, task in enumerate(session.tasks):
-        clock.now += r.uniform(20, 240)  # the user reads the last answer, types the next task
-        turn_id = f"{session.thread[:-4]}{j:04d}"
-        if compact.due:
-            await compaction(j, 0, turn_id)
-        prompt = session.prompt(j)
-        history.append(user_message(prompt, f"msg_task_{j:03d}"))
-        prompt_names = names(prompt)
-        in_task: set[str] = set()  # names seen in this task's own steps
-        ask = next((a.value for a in session.asks if a.task == j), None)
-        for k in range(len(task.steps) + 1):
-            if k and compact.due:
-                await compaction(j, k, turn_id)
-            wanted = (names(task.steps[k].command) if k < len(task.steps) else set())
-            wanted = frozenset(n for n in wanted & known if n not in static | prompt_names)
-            e = Expect("turn", j, k, extends, wanted, wanted - in_task,
-                       ask if k == 0 else None)
-            history.extend(await send(e, history, turn_id))
-            extends = True
-            if k < len(task.steps):
-                step = task.steps[k]
-                clock.now += r.uniform(0.1, 5)  # the command runs
-                history.append(call_output(j, k, step.output))
-                commands.append(step.command)
-                learnt = names(step.command) | names(step.output) | names(step.thought)
-                known |= learnt
-                in_task |= learnt
-        known |= prompt_names
-    return seen
-
 
 # --- strategies and runs ----------------------------------------------------------------------
 
@@ -300,31 +121,40 @@ class Run:
         return sum(b.cost(cached_price) for b in self.bills)
 
 
-async def run_one(strategy_: Strategy, session: Session, shapes: Shapes, data_dir: Path, *,
-                  ttl_s: float = 600.0, limit: int = 220_000, rules: Rules = "prefix") -> Run:
+async def run_one(strategy_: Strategy, session: Session, shapes: Shapes | Shape,
+                  data_dir: Path, *, ttl_s: float = 600.0, limit: int = 220_000,
+                  rules: Rules = "prefix") -> Run:
+    """One session by one strategy; ``shapes``: Codex's (priced by ``rules``) or another
+    client's shape (Claude Code's: priced by Anthropic's rules)."""
+    shape = CodexShape(shapes) if isinstance(shapes, Shapes) else shapes
     clock = SimClock()
-    model = ReplayModel(session)
-    upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER,
-                               rules=rules)
-    compact = AutoCompact(limit=limit)
+    model = ReplayModel(session, shape)
+    upstream: PricingUpstream | MessagesPricingUpstream
+    if isinstance(shape, CodexShape):
+        upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER,
+                                   rules=rules)
+    else:
+        upstream = MessagesPricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER)
+    compact = shape.auto_compact(limit)
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=600)
     searches = Searches()
     async with serving(upstream.app()) as up_url, aiohttp.ClientSession(timeout=timeout) as http:
         if strategy_.settings is None:
-            seen = await replay(http, up_url + "/v1", session, shapes, model, clock, compact,
-                                searches)
+            seen = await replay(http, up_url, session, shape, model, clock, compact, searches)
         else:
             port = free_port()  # the knowledge block's curl lines name it
-            settings = load_settings(env={}, upstream_url=up_url + "/v1", data_dir=data_dir,
-                                     log_level="WARNING", port=port, **strategy_.settings)
+            settings = load_settings(env={}, upstream_url=up_url + "/v1", anthropic_url=up_url,
+                                     data_dir=data_dir, log_level="WARNING", port=port,
+                                     **strategy_.settings)
             async with serving(build_app(settings, clock=clock), port) as proxy_url:
-                seen = await replay(http, proxy_url + "/v1", session, shapes, model, clock,
-                                    compact, searches)
+                seen = await replay(http, proxy_url, session, shape, model, clock, compact,
+                                    searches)
     for record, bill in zip(model.records, upstream.bills, strict=True):
         record.input_tokens, record.cached_tokens = bill.input_tokens, bill.cached_tokens
-    billed = [{"input": r.input_tokens, "cached": r.cached_tokens}
-              for r in model.records if r.kind != "side"]
+    billed = [{"input": b.input_tokens, "cached": b.cached_tokens,
+               **({"written": b.written_tokens} if shape.writes else {})}
+              for r, b in zip(model.records, upstream.bills, strict=True) if r.kind != "side"]
     if seen != billed:  # the client must see exactly what it was billed for
         raise RuntimeError(f"{strategy_.name}: usage seen by the client differs from the bill")
     return Run(strategy_, session, upstream.bills, model.records, compact.count,
@@ -335,18 +165,21 @@ async def run_one(strategy_: Strategy, session: Session, shapes: Shapes, data_di
 # --- the report -------------------------------------------------------------------------------
 
 
-def table(runs: Sequence[Run]) -> str:
+def table(runs: Sequence[Run], written: bool = False) -> str:
     """One row per (repository, session kind, strategy), summed over that group's sessions;
-    the costliest session is the highest of its sessions' costs against direct's own."""
+    the costliest session is the highest of its sessions' costs against direct's own;
+    ``written``: with the share of the input written to the cache."""
     groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
         groups.setdefault((run.session.repo, run.session.kind, run.strategy.name), []).append(run)
     direct = {run.session.thread: run.cost() for run in runs if run.strategy.settings is None}
     rows = ["| repository | sessions | strategy | requests | input tokens | cached "
-            "| cost vs direct | costliest session | cuts (prefix breaks) | client compactions "
+            + ("| written " if written else "")
+            + "| cost vs direct | costliest session | cuts (prefix breaks) | client compactions "
             "| largest request | with memory | sufficiency | of it, from earlier tasks "
             "| misses a search finds | earlier-task facts |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---|---|---:|---:|---:|" + ("---:|" if written else "")
+            + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (repo, kind, name), group in groups.items():
         base = groups.get((repo, kind, DIRECT.name))
         bills = [b for run in group for b in run.bills]
@@ -362,7 +195,10 @@ def table(runs: Sequence[Run]) -> str:
         asks = [ok for r in group for ok in r.asks.values()]
         rows.append(
             f"| {repo} | {kind} ({len(group)}) | {name} | {len(bills):,} | {total:,} "
-            f"| {cached / max(total, 1):.0%} | {ratio} "
+            f"| {cached / max(total, 1):.0%} "
+            + (f"| {sum(b.written_tokens for b in bills) / max(total, 1):.0%} " if written
+               else "")
+            + f"| {ratio} "
             f"| {'-' if dearest is None else f'{dearest:.4f}x'} "
             f"| {sum(x.cut for r in group for x in r.records)} "
             f"| {sum(r.compactions for r in group)} | {max(b.input_tokens for b in bills):,} "
@@ -399,7 +235,9 @@ def plot(runs: Sequence[Run], path: Path) -> None:
         bars.bar_label(drawn, fmt="%.2f", fontsize=7)
     bars.axhline(1.0, color="dimgray", ls="--", lw=1)
     bars.set_xticks([k + width * (len(names_) - 1) / 2 for k in range(len(kinds))], kinds)
-    bars.set_ylabel("input cost vs direct (cached at 10%)")
+    writes = any(b.written_tokens for r in runs for b in r.bills)
+    bars.set_ylabel("input cost vs direct (cached at 10%"
+                    + (", written at 125%)" if writes else ")"))
     bars.set_title("Cost per session kind")
     bars.legend(fontsize=8)
     longest = max(runs, key=lambda r: len(r.session.tasks)).session
@@ -426,7 +264,10 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
     for t in tasks:
         counts[repo_of(t.name)] = counts.get(repo_of(t.name), 0) + 1
     repos = ", ".join(f"{n} of {repo}" for repo, n in counts.items())
-    strategies = "; ".join(dict.fromkeys(f"`{r.strategy.name}`: {r.strategy.note}" for r in runs))
+    messages = getattr(args, "protocol", "responses") == "messages"
+    client = "Claude Code" if messages else "Codex"
+    strategies = "; ".join(dict.fromkeys(
+        f"`{r.strategy.name}`: {r.strategy.note.replace('Codex', client)}" for r in runs))
     load = load_average()
     return "\n".join([
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at `{revision()}` with `{command}` on "
@@ -438,20 +279,21 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         f"Runs: {len(tasks)} of ../shared/trajectories ({repos}; "
         f"{'all' if args.all else 'held out' if args.held_out else 'a subset'}; "
         f"model calls per run: median {steps[len(steps) // 2]}, max {steps[-1]}), replayed as "
-        f"Codex sessions of {kinds} of one repository (the number of sessions in brackets); "
+        f"{client} sessions of {kinds} of one repository (the number of sessions in brackets); "
         + ("each session with a store of its own. " if args.scope == "session" else
            "one user: the sessions of a repository and kind share one store and memory scope, "
            "in order. ")
-        + "Each model call is one "
-        "request: reasoning item (encrypted content), `exec_command` call, its output in "
-        "Codex's format; the task's end is one more request with a closing answer. Prices: "
-        "`bench/harness/pricing.py` (input tokens only, cached at 10%, cache TTL "
-        f"{args.ttl:.0f} s of simulated time). Client auto-compaction as Codex does it "
-        f"(bench/harness/codex.py): when the reported input passes {args.limit:,} tokens, one "
-        "compaction request (history + compaction prompt, no tools, so no cached prefix; the "
-        "proxy forwards it whole), then the context, the prompts (at most 20k tokens) and the "
-        "summary (the fake summariser lists the tasks and the newest 80 names the commands "
-        "used). *cuts*: requests whose forwarded prompt did not extend the previous one "
+        + (claude_note(args.limit, args.ttl) if messages else "Each model call is one "
+           "request: reasoning item (encrypted content), `exec_command` call, its output in "
+           "Codex's format; the task's end is one more request with a closing answer. Prices: "
+           "`bench/harness/pricing.py` (input tokens only, cached at 10%, cache TTL "
+           f"{args.ttl:.0f} s of simulated time). Client auto-compaction as Codex does it "
+           f"(bench/harness/codex.py): when the reported input passes {args.limit:,} tokens, "
+           "one compaction request (history + compaction prompt, no tools, so no cached "
+           "prefix; the proxy forwards it whole), then the context, the prompts (at most 20k "
+           "tokens) and the summary (the fake summariser lists the tasks and the newest 80 "
+           "names the commands used). ")
+        + "*cuts*: requests whose forwarded prompt did not extend the previous one "
         "although the client's did (the client's own compactions are not counted). "
         "*sufficiency*: of the "
         "names (paths, identifiers) in each next command that had appeared earlier in the "
@@ -465,11 +307,12 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         "view while the knowledge block offered the chat-memory search, those a search for "
         "the name (the model's first move) brings back.",
         "",
-        cache_rules_note(getattr(args, "cache_rules", "prefix")),
+        anthropic_note() if messages else cache_rules_note(getattr(args, "cache_rules",
+                                                                     "prefix")),
         "",
         f"Strategies: {strategies}.",
         "",
-        table(runs),
+        table(runs, written=messages),
     ])
 
 
@@ -508,7 +351,8 @@ def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
 
 
 async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Run]:
-    shapes = load_shapes(rules=args.cache_rules)
+    shapes: Shapes | Shape = (load_claude_shape() if args.protocol == "messages"
+                              else load_shapes(rules=args.cache_rules))
     strategies = [DIRECT] if "direct" in args.strategies.split(",") else []
     for spec in [PRESETS[n] for n in args.strategies.split(",") if n in PRESETS] + args.strategy:
         try:
@@ -534,7 +378,8 @@ async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Ru
     return runs
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options, with the defaults of the client shape ``--protocol`` names."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=TRAJECTORIES, help="trajectory folder")
     parser.add_argument("--all", action="store_true", help="every run, not a subset")
@@ -553,17 +398,36 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help=f"comma-separated, of: direct, {', '.join(PRESETS)}")
     parser.add_argument("--strategy", action="append", default=[], metavar="NAME:K=V,K=V",
                         help="an extra proxy strategy: the defaults with these settings")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="responses",
+                        help="responses: Codex's requests, priced by --cache-rules; messages: "
+                             "Claude Code's, priced by Anthropic's cache marks (its own block "
+                             "in RESULTS.md)")
     add_cache_rules_argument(parser)
-    parser.add_argument("--ttl", type=float, default=600.0, help="provider cache idle TTL, s")
-    parser.add_argument("--limit", type=int, default=220_000,
-                        help="the client's auto-compaction limit, reported input tokens")
+    parser.add_argument("--ttl", type=float, default=None,
+                        help=f"provider cache idle TTL, s (default 600; {ANTHROPIC_TTL_S:.0f} "
+                             "for messages)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="the client's auto-compaction limit, reported input tokens "
+                             f"(default Codex's 220,000; Claude Code's {CLAUDE_COMPACT_TOKENS:,}"
+                             " for messages)")
     parser.add_argument("--plot", type=Path, default=None,
                         help=f"PNG of the results (default {PNG.name} beside this file, "
                              "unless --no-write)")
     parser.add_argument("--no-write", action="store_true", help="don't touch bench/RESULTS.md")
     args = parser.parse_args(argv)
+    messages = args.protocol == "messages"
+    if args.ttl is None:
+        args.ttl = ANTHROPIC_TTL_S if messages else 600.0
+    if args.limit is None:
+        args.limit = CLAUDE_COMPACT_TOKENS if messages else 220_000
     if args.plot is None and not args.no_write:
-        args.plot = PNG  # the figure RESULTS.md shows goes with its table
+        args.plot = PNG_MESSAGES if messages else PNG  # the figure goes with its table
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    messages = args.protocol == "messages"
     if not args.runs.is_dir():
         sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
     logging.basicConfig(level=logging.WARNING)
@@ -583,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.plot is not None:
         plot(runs, args.plot)
     if not args.no_write:
-        write_block(SECTION, BEGIN, END, text)
+        write_block(*(BLOCK_MESSAGES if messages else (SECTION, BEGIN, END)), text)
     print(f"\nplot: {args.plot or 'none'}  {seconds:.0f} s", file=sys.stderr)
 
 

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 from pathlib import Path
+from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 
 from bench import trajectories as bench
 from bench.harness import agent_runs as runs
+from bench.harness.anthropic_pricing import MessagesPricingUpstream, answer_events, sse
+from bench.harness.claude import ClaudeCompact, load_claude_shape
 from bench.harness.codex import (
     SUMMARY_PREFIX,
     AutoCompact,
@@ -19,6 +25,8 @@ from bench.harness.codex import (
     message_text,
     user_message,
 )
+from bench.harness.pricing import Bill
+from bench.harness.serving import serving
 
 pytestmark = pytest.mark.skipif(
     not (runs.TRAJECTORIES.parent / "fixtures" / "codex").is_dir(),
@@ -179,3 +187,135 @@ def test_the_report_names_the_plot_only_when_one_is_made(plot: Path | None) -> N
                               limit=220_000)
     text = bench.report([], [runs.Task("t", "system", "prompt", ())], args, 1.0, "cmd")
     assert ("Plot: `bench/trajectories.png`." in text) == (plot is not None)
+
+
+# --- the same runs as Claude Code sessions (--protocol messages) ------------------------------
+
+
+def marks_of(body: dict[str, Any]) -> list[str]:
+    """Where a Messages body carries cache marks: ``system[i]``, ``messages[i][j]``."""
+    found = [f"system[{i}]" for i, b in enumerate(body["system"]) if "cache_control" in b]
+    for i, m in enumerate(body["messages"]):
+        if isinstance(m["content"], list):
+            found += [f"messages[{i}][{j}]" for j, b in enumerate(m["content"])
+                      if "cache_control" in b]
+    return found
+
+
+def test_a_claude_code_request_carries_its_marks_and_blocks(tasks: list[runs.Task]) -> None:
+    shape, task = load_claude_shape(), tasks[0]
+    history = shape.context("You run one shell command per answer.")
+    shape.add_prompt(history, "fix alpha", 0)
+    history += shape.read_answer(b"".join(
+        sse(e) for e in answer_events(shape.step(task, 0, 0), Bill("", 10, 0, 1, 0.0), "m")))[0]
+    history.append(shape.call_output(0, 0, task.steps[0].output))
+    raw, headers = shape.request(history, "019b7a00-0001-7000-8000-000000000001", "t", "turn")
+    body = orjson.loads(raw)
+    assert headers["X-Claude-Code-Session-Id"] == "019b7a00-0001-7000-8000-000000000001"
+    assert marks_of(body) == ["system[1]", "system[2]", "messages[3][0]"]
+    first, environment, answer, result = body["messages"]
+    assert [b["text"].startswith("<system-reminder>") for b in first["content"]] == [
+        True, True, False]  # Claude Code's reminder, the run's system as CLAUDE.md, the prompt
+    assert environment["role"] == "system" and isinstance(environment["content"], str)
+    assert [b["type"] for b in answer["content"]] == ["thinking", "tool_use"]
+    assert answer["content"][1]["input"]["command"] == task.steps[0].command
+    assert result["content"][0]["type"] == "tool_result"
+    assert result["content"][0]["tool_use_id"] == answer["content"][1]["id"]
+    assert "Chunk ID" not in result["content"][0]["content"]  # Bash's output, not Codex's
+
+
+async def test_a_direct_claude_code_session_reads_what_its_newest_mark_wrote(
+    tasks: list[runs.Task], tmp_path: Path
+) -> None:
+    session = runs.build_session(tasks)
+    run = await bench.run_one(bench.DIRECT, session, load_claude_shape(), tmp_path / "d",
+                              ttl_s=300, limit=10**9)
+    assert len(run.bills) == sum(len(t.steps) + 1 for t in tasks)
+    assert run.compactions == 0 and not any(r.cut for r in run.records)
+    assert run.asks == {1: True}
+    for before, after in itertools.pairwise(run.bills):
+        # Each request's newest mark wrote its whole prompt; the next one reads all of it
+        # (its mark is a few blocks on) and writes what it added.
+        assert after.cached_tokens == before.input_tokens
+        assert after.written_tokens == after.input_tokens - before.input_tokens
+
+
+async def test_a_claude_code_session_through_the_proxy_is_billed_as_seen(
+    tasks: list[runs.Task], tmp_path: Path
+) -> None:
+    session, shape = runs.build_session(tasks), load_claude_shape()
+    direct = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "d", ttl_s=300)
+    proxied = await bench.run_one(bench.strategy("p:MEMORY_ENABLED=false"), session, shape,
+                                  tmp_path / "p", ttl_s=300)  # checks usage seen == billed
+    assert [r.kind for r in proxied.records if r.kind != "side"] == [
+        r.kind for r in direct.records]
+
+
+async def test_claude_code_compacts_into_its_reminders_summary_and_prompts(
+    tasks: list[runs.Task], tmp_path: Path
+) -> None:
+    session, shape = runs.build_session(tasks), load_claude_shape()
+    whole = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "w", limit=10**9)
+    limit = whole.bills[4].input_tokens
+    run = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "c", limit=limit)
+    kinds = [r.kind for r in run.records]
+    first = kinds.index("compaction")
+    assert run.bills[first - 1].input_tokens > limit
+    assert run.bills[first].cached_tokens > 0  # the compaction request keeps the prefix
+    assert run.bills[first + 1].input_tokens < run.bills[first - 1].input_tokens
+    assert len(run.bills) == len(whole.bills) + run.compactions
+    history = ClaudeCompact().compacted(
+        [*shape.context("system"), {"role": "user", "content": "task two"},
+         {"role": "assistant", "content": [{"type": "text", "text": "done"}]}],
+        2, "SUMMARY: x", lambda text: len(text.split()), "s")
+    words = history[0]["content"][-1]["text"]
+    assert "SUMMARY: x" in words and "<user_message>\ntask two\n</user_message>" in words
+    assert history[1] == shape.environment
+
+
+async def test_the_fake_anthropic_refuses_a_fifth_mark() -> None:
+    upstream = MessagesPricingUpstream()
+    mark = {"type": "ephemeral"}
+    body = {"model": "m", "stream": True, "system": [
+        {"type": "text", "text": f"part {n}", "cache_control": mark} for n in range(5)],
+        "messages": [{"role": "user", "content": "hi"}]}
+    async with serving(upstream.app()) as url, aiohttp.ClientSession() as http, http.post(
+            url + "/v1/messages", json=body) as resp:
+        error = await resp.json()
+    assert resp.status == 400 and error["error"]["type"] == "invalid_request_error"
+    assert upstream.bills == []
+
+
+def test_the_messages_shape_has_its_own_block_figure_and_client_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    touched: list[str] = []
+    monkeypatch.setattr(bench, "main_async", lambda args, tasks: asyncio.sleep(0, []))
+    monkeypatch.setattr(bench, "report", lambda *a: "the table")
+    monkeypatch.setattr(bench, "plot", lambda runs, path: touched.append(path.name))
+    monkeypatch.setattr(bench, "write_block", lambda *a: touched.append(a[1]))
+    bench.main(["--runs", str(tmp_path), "--protocol", "messages"])
+    assert touched == [bench.PNG_MESSAGES.name, bench.BLOCK_MESSAGES[1]]  # not Codex's
+    claude, codex = bench.parse_args(["--protocol", "messages"]), bench.parse_args([])
+    assert (claude.ttl, claude.limit) == (300, 167_000)  # Anthropic's TTL, Claude Code's limit
+    assert (codex.ttl, codex.limit) == (600, 220_000)
+
+
+async def test_after_the_proxy_cuts_a_claude_code_session_the_system_is_still_read(
+    tasks: list[runs.Task], tmp_path: Path
+) -> None:
+    session, shape = runs.build_session(tasks), load_claude_shape()
+    cutting = bench.strategy("k1:WINDOW_POLICY=fixed,KEEP_TURNS=1,TRIM_SLACK=0,"
+                             "MEMORY_ENABLED=false")
+    run = await bench.run_one(cutting, session, shape, tmp_path / "k", ttl_s=300)
+    turns = [(r, b) for r, b in zip(run.records, run.bills, strict=True) if r.kind == "turn"]
+    cut = [n for n, (r, _) in enumerate(turns) if r.cut]
+    assert cut  # the second task's first request forwards it alone
+    first_bill = turns[0][1]
+    for n in cut:
+        bill = turns[n][1]
+        # The marks the proxy leaves after a cut keep the tools and system read from the
+        # cache (what the first request wrote at Claude Code's system marks) ...
+        assert bill.cached_tokens >= 1024 and bill.cached_tokens < first_bill.input_tokens
+        # ... and the next request reads all of the cut one.
+        assert turns[n + 1][1].cached_tokens == bill.input_tokens

@@ -72,14 +72,15 @@ class PromptTokenizer:
     def parts(self, body: dict[str, Any]) -> list[tuple[int, int]]:
         """Each part of the prompt (instructions, tools, each input item) as its token count and
         a digest of its tokens, in the provider's order."""
-        out = []
-        for part in prompt_parts(body):
-            tokens = self._part(part)
-            digest = self._digests.get(part)
-            if digest is None:
-                digest = self._digests[part] = hash(tuple(tokens))
-            out.append((len(tokens), digest))
-        return out
+        return [self.parts_of(part) for part in prompt_parts(body)]
+
+    def parts_of(self, part: bytes) -> tuple[int, int]:
+        """One serialised part's token count and the digest of its tokens."""
+        tokens = self._part(part)
+        digest = self._digests.get(part)
+        if digest is None:
+            digest = self._digests[part] = hash(tuple(tokens))
+        return len(tokens), digest
 
     def _part(self, part: bytes) -> list[int]:
         tokens = self._memo.get(part)
@@ -127,9 +128,13 @@ class BreakpointCache:
         self._entries: dict[str, dict[tuple[int, int], float]] = {}
 
     def read_and_store(self, key: str, parts: Sequence[tuple[int, int]],
-                       breakpoints: Iterable[int], now: float) -> tuple[int, int]:
+                       breakpoints: Iterable[int], now: float,
+                       lookback: int | None = None) -> tuple[int, int]:
         """(cached, written) tokens for a prompt of these parts (token count, digest) with
-        breakpoints at the end of these part indices; then store or refresh each breakpoint."""
+        breakpoints at the end of these part indices; then store or refresh each breakpoint.
+        ``lookback``: a read ends at most that many parts before a breakpoint (Anthropic
+        looks 20 blocks back from each); None: at any part's end."""
+        breakpoints = list(breakpoints)
         entries = self._entries.setdefault(key, {})
         prefixes: list[tuple[int, int]] = []  # (tokens, chained digest) at each part's end
         total = chained = 0
@@ -142,7 +147,9 @@ class BreakpointCache:
             used = entries.get(prefix)
             return used is not None and now - used <= self.ttl_s
 
-        read = next((p for p in reversed(prefixes)
+        ends = range(len(prefixes)) if lookback is None else sorted(
+            {i for b in breakpoints for i in range(max(0, b - lookback), b + 1)})
+        read = next((p for p in (prefixes[i] for i in reversed(ends))
                      if p[0] >= MIN_CACHED_TOKENS and stored(p)), None)
         cached = 0
         if read is not None:
