@@ -234,7 +234,9 @@ class Settings(BaseSettings):
     knowledge_ttl_s: float = Field(
         300.0, ge=0,
         description="How long discovery results are kept. A remote core's changes show "
-        "within it; the embedded core's (`ctxproxy knowledge ...`) on the next request.",
+        "within it; the embedded core's (`ctxproxy knowledge ...`) on the next request. Under "
+        "STORE_URL every replica hears of a change at once (PostgreSQL NOTIFY: a `ctxproxy "
+        "knowledge` command, or `ctxproxy knowledge changed` after a remote core's).",
     )
     capability_ttl_s: float = Field(
         3600.0, gt=0,
