@@ -163,6 +163,9 @@ class Store(Protocol):
                     now: float) -> None:
         """Store one placement of ``session``, replacing any of that name."""
 
+    async def forget_placements(self, before: float) -> int:
+        """Delete the placements last stored before ``before``; how many went."""
+
     # --- vectors (hybrid recall; see memory.vectors) ---------------------------------------
 
     async def put_vectors(self, rows: Sequence[VectorRow]) -> None:

@@ -89,6 +89,11 @@ def forwarded_turns(ex: Exchange, scope: Scope, session: str) -> list[tuple[int,
 
 
 PINNED = "pinned"  # the name of a session's pinned standing block in the store
+# A session idle this long loses its placements (its next request on another replica then
+# gets no earlier recall messages: correct, just less cached); each process deletes them at
+# most once in PRUNE_EVERY_S.
+PLACEMENTS_KEPT_S = 7 * 86_400.0
+PRUNE_EVERY_S = 3600.0
 
 
 def shown_name(key: TurnKey) -> str:
@@ -131,6 +136,7 @@ class Placer:
     ) -> None:
         self.placement = placement
         self._store = store
+        self._pruned_at: float | None = None  # when this process last deleted old ones
         self._whole_count = forwarded_whole
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
         self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(PINNED_CACHED)
@@ -183,6 +189,9 @@ class Placer:
                                         now=now)
             if pinned is not None:
                 await self._store.place(scope, session, PINNED, _pinned_bytes(pinned), now=now)
+            if self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY_S:
+                self._pruned_at = now
+                await self._store.forget_placements(now - PLACEMENTS_KEPT_S)
         except StoreError as exc:
             log.warning("memory placements could not be stored: %s", exc)
 

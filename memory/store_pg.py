@@ -339,6 +339,12 @@ class PostgresStore:
                  value, now),
             )
 
+    async def forget_placements(self, before: float) -> int:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "DELETE FROM memory_placements WHERE updated_at < %s", (before,))
+            return cur.rowcount
+
     async def put_vectors(self, rows: Sequence[VectorRow]) -> None:
         if not rows:
             return

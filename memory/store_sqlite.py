@@ -311,6 +311,14 @@ class SqliteStore:
 
         await self._threads.run(place_)
 
+    async def forget_placements(self, before: float) -> int:
+        def forget_() -> int:
+            with self._threads.writing() as db:
+                return db.execute(
+                    "DELETE FROM memory_placements WHERE updated_at < ?", (before,)).rowcount
+
+        return await self._threads.run(forget_)
+
     # --- vectors -------------------------------------------------------------------------------
 
     async def put_vectors(self, rows: Sequence[VectorRow]) -> None:
