@@ -69,7 +69,9 @@ class Stored:
 
 
 def scope_of(service: str, team: str | None, agent: str | None, owner: str) -> str:
-    return hashlib.sha256(orjson.dumps([service, team, agent, owner])).hexdigest()[:32]
+    """A memory scope (no team or agent: '') as one digest."""
+    return hashlib.sha256(orjson.dumps([service, team or "", agent or "", owner])).hexdigest()[
+        :32]
 
 
 class OutputStore(Protocol):

@@ -93,6 +93,7 @@ class OutputIds:
 class _Kept:
     session: str
     text: str
+    scope: str  # output_store.scope_of the caller's
 
 
 def _size(kept: _Kept) -> int:
@@ -149,7 +150,9 @@ class MaskedOutputs:
         pointer = self._pointer(identity, output)
         if pointer is None:
             return  # no line was given
-        kept = _Kept(identity.session_id or "", text)
+        scope = scope_of(self._ids.service_id, identity.team_id, identity.agent_id,
+                         identity.owner)
+        kept = _Kept(identity.session_id or "", text, scope)
         with self._lock:
             # Kept already: get marks it recently used (its id covers its text), and it went
             # to the store when it was first kept.
@@ -157,22 +160,24 @@ class MaskedOutputs:
             if new:
                 self._kept[pointer[0]] = kept
         if new and self.shelf is not None:
-            scope = scope_of(self._ids.service_id, identity.team_id, identity.agent_id,
-                             identity.owner)
             self.shelf.offer(Stored(pointer[0], scope, kept.session, text, time.time()))
 
-    def get(self, output_id: str, session: str) -> str | None:
-        """The output whole, if this process holds it and ``session`` is the one it is of."""
+    def get(self, output_id: str, session: str, scope: str | None = None) -> str | None:
+        """The output whole, if this process holds it and ``session`` is the one it is of
+        (and ``scope``, when given, the scope: ``output_store.scope_of``)."""
         with self._lock:
             kept = self._kept.get(output_id)
         if kept is None or not hmac.compare_digest(kept.session.encode(), session.encode()):
             return None
+        if scope is not None and kept.scope != scope:
+            return None
         return kept.text
 
-    async def find(self, output_id: str, session: str) -> str | None:
-        """The output whole for ``session``: this process's, else the store's (redacted); None
-        when neither holds it for that session, or the store cannot be read (logged)."""
-        text = self.get(output_id, session)
+    async def find(self, output_id: str, session: str, scope: str | None = None) -> str | None:
+        """The output whole for ``session`` (and ``scope``, when given): this process's, else
+        the store's (redacted); None when neither holds it for them, or the store cannot be
+        read (logged)."""
+        text = self.get(output_id, session, scope)
         if text is not None or self.shelf is None or not session:
             return text
         try:
@@ -181,6 +186,8 @@ class MaskedOutputs:
             log.warning("a masked output could not be read from the store: %s", exc)
             return None
         if stored is None or not hmac.compare_digest(stored.session.encode(), session.encode()):
+            return None
+        if scope is not None and stored.scope != scope:
             return None
         return stored.text
 
