@@ -220,68 +220,79 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
                                   "--scripts", str(SCRIPTS), "--turns", str(args.turns),
                                   "--shape", args.shape],
                      server_env({}), port, workdir)
-    proxy: Proc | None = None
+    proxies: list[Proc] = []
     try:
         print(f"direct: {args.sessions} sessions for {args.direct_seconds:.0f} s ...", flush=True)
         _, direct = await drive(upstream.url, args.sessions, args.direct_seconds, scripts,
                                 args.pace_ms, seed=1, jitter=args.jitter,
                                 answers=args.answers, first_byte_ms=args.first_byte_ms)
         relay, relay_cpu = await bare_relay(args, upstream, workdir, scripts)
-        proxy = start_proxy(upstream, workdir, data_dir, args.profile, args.workers,
-                            settings)
-        cpu_at: list[dict[int, float]] = []
-        log_at: list[int] = []
+        for _ in range(args.replicas):
+            proxies.append(start_proxy(upstream, workdir, data_dir, args.profile,
+                                       args.workers, settings))
+        cpu_at: list[list[dict[int, float]]] = []
+        log_at: list[list[int]] = []
         metrics_at: list[dict[str, float]] = []
 
         def measuring() -> None:
-            cpu_at.append(tree_cpu_s(proxy.popen.pid))
-            log_at.append(proxy.log.stat().st_size if proxy is not None else 0)
-            if proxy is not None:
-                metrics_at.append(scrape(proxy))
+            cpu_at.append([tree_cpu_s(p.popen.pid) for p in proxies])
+            log_at.append([p.log.stat().st_size for p in proxies])
+            metrics_at.append(scrape_all(proxies))
             print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
 
         print(f"proxy: warm-up {args.warmup_seconds:.0f} s ...", flush=True)
-        warm, proxied = await drive(proxy.url, args.sessions, args.seconds, scripts,
-                                    args.pace_ms, seed=3, jitter=args.jitter,
+        warm, proxied = await drive([p.url for p in proxies], args.sessions, args.seconds,
+                                    scripts, args.pace_ms, seed=3, jitter=args.jitter,
                                     warmup=args.warmup_seconds,
                                     measuring=measuring, answers=args.answers,
                                     first_byte_ms=args.first_byte_ms)
-        cpu = cpu_since(proxy.popen.pid, cpu_at[0])
-        metrics = scrape(proxy)
+        cpu = sum(cpu_since(p.popen.pid, at) for p, at in zip(proxies, cpu_at[0], strict=True))
+        metrics = scrape_all(proxies)
         lag = _lag(metrics, metrics_at[0] if metrics_at else {})
-        pids = tree(proxy.popen.pid)
+        pids = [pid for p in proxies for pid in tree(p.popen.pid)]
         peak = sum(vm_kib(pid, "VmHWM") for pid in pids)
         end = sum(vm_kib(pid, "VmRSS") for pid in pids)
     finally:
-        if proxy is not None:
+        for proxy in proxies:
             stop(proxy)  # SIGTERM: open streams finish, queued memory writes are flushed
         stop(upstream)
-    log = proxy.log.read_text(errors="replace") if proxy is not None else ""
+    logs = [p.log.read_text(errors="replace") for p in proxies]
     # The memory side logs the first failure of each part (and its recovery).
-    degraded = sorted({m.group(1) for m in re.finditer(r"memory degraded: (.*?) failed", log)})
+    degraded = sorted({m.group(1) for log in logs
+                       for m in re.finditer(r"memory degraded: (.*?) failed", log)})
+    offsets = log_at[0] if log_at else [0] * len(proxies)
     return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
-                   log[-3000:], relay, relay_cpu, prepared(proxy, log_at[0] if log_at else 0),
-                   lag)
+                   logs[0][-3000:] if logs else "", relay, relay_cpu,
+                   prepared(proxies, offsets), lag)
 
 
-def prepared(proxy: Proc | None, offset: int) -> dict[str, list[float]]:
-    """The access log's prepare_ms from ``offset`` on, by memory cache (miss, hit) and of
-    every request ("all"), and its ttfb_ms ("upstream": from going upstream to the first
+def scrape_all(proxies: Sequence[Proc]) -> dict[str, float]:
+    """Every replica's metrics added up."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for proxy in proxies:
+        for name, value in scrape(proxy).items():
+            out[name] += value
+    return dict(out)
+
+
+def prepared(proxies: Sequence[Proc], offsets: Sequence[int]) -> dict[str, list[float]]:
+    """The access logs' prepare_ms from ``offsets`` on, by memory cache (miss, hit) and of
+    every request ("all"), and their ttfb_ms ("upstream": from going upstream to the first
     byte back)."""
     out: dict[str, list[float]] = collections.defaultdict(list)
-    if proxy is None:
-        return out
-    with proxy.log.open("rb") as f:
-        f.seek(offset)
-        for line in f:
-            if b'"prepare_ms"' not in line:
-                continue
-            with contextlib.suppress(orjson.JSONDecodeError):
-                entry = orjson.loads(line)
-                out[str(entry.get("memory_cache", "none"))].append(float(entry["prepare_ms"]))
-                out["all"].append(float(entry["prepare_ms"]))
-                if entry.get("ttfb_ms") is not None:
-                    out["upstream"].append(float(entry["ttfb_ms"]))
+    for proxy, offset in zip(proxies, offsets, strict=True):
+        with proxy.log.open("rb") as f:
+            f.seek(offset)
+            for line in f:
+                if b'"prepare_ms"' not in line:
+                    continue
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    entry = orjson.loads(line)
+                    out[str(entry.get("memory_cache", "none"))].append(
+                        float(entry["prepare_ms"]))
+                    out["all"].append(float(entry["prepare_ms"]))
+                    if entry.get("ttfb_ms") is not None:
+                        out["upstream"].append(float(entry["ttfb_ms"]))
     return out
 
 
@@ -370,9 +381,12 @@ def _setup(args: argparse.Namespace, seconds: float) -> list[str]:
         + (f", its first {args.first_byte_ms:g} ms after the request" if args.first_byte_ms
            else "")
         + ("; PostgreSQL memory store; " if args.pg_url else "; SQLite memory store; ")
-        + ("ctxproxy as one process (`python -m ctxproxy.proxy serve`)." if args.workers == 1 else
+        + ("ctxproxy as one process (`python -m ctxproxy.proxy serve`)" if args.workers == 1 else
            f"ctxproxy as {args.workers} worker processes on one port under a supervisor "
-           f"(`CTXPROXY_WORKERS={args.workers} python -m ctxproxy.proxy serve`)."),
+           f"(`CTXPROXY_WORKERS={args.workers} python -m ctxproxy.proxy serve`)")
+        + (f", {args.replicas} such replicas on one store, each request of a session sent to "
+           "the next replica in turn (a load balancer without affinity)."
+           if args.replicas > 1 else "."),
         f"The sessions go on from a {args.warmup_seconds:g} s warm-up, which is not counted in "
         "the rows but its own (every session new to the proxy, all arriving within one answer's "
         "time: as after a restart).",
@@ -414,7 +428,8 @@ def _notes(o: Outcome, args: argparse.Namespace) -> list[str]:
         f"- Errors through the proxy: **{errors}**"
         + (f" ({dict(p.errors)})" if errors else "") + f"; direct: {sum(d.errors.values())}; "
         f"the bare relay: {sum(r0.errors.values())}.",
-        f"- Proxy peak RSS (VmHWM{', summed over its processes' if args.workers > 1 else ''}): "
+        f"- Proxy peak RSS (VmHWM"
+        f"{', summed over its processes' if args.workers > 1 or args.replicas > 1 else ''}): "
         f"**{o.rss_peak_kib / 1024:.0f} MiB** (VmRSS at the end "
         f"{o.rss_end_kib / 1024:.0f} MiB); proxy CPU {o.proxy_cpu_s:.1f} s over the "
         f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of one core, "
@@ -457,7 +472,9 @@ def _from_metrics(o: Outcome, args: argparse.Namespace) -> str:
     recall_ms = 1000 * m.get("ctxproxy_memory_recall_seconds_sum", 0.0) / max(recalls, 1.0)
     return (
         "- From the proxy's /metrics (warm-up included"
-        + (f"; its {args.workers} workers added up" if args.workers > 1 else "") + "): turns cut "
+        + (f"; its {args.workers} workers added up" if args.workers > 1 else "")
+        + (f"; its {args.replicas} replicas added up" if args.replicas > 1 else "")
+        + "): turns cut "
         f"{m.get('ctxproxy_turns_cut_total', 0):,.0f}; memory recalls "
         f"{recalls:,.0f} (mean {recall_ms:.1f} ms), memories injected "
         f"{m.get('ctxproxy_memory_recalled_total', 0):,.0f}; knowledge cache hits "
@@ -481,12 +498,13 @@ def _from_metrics(o: Outcome, args: argparse.Namespace) -> str:
 
 
 def write_results(text: str, workers: int = 1, postgres: bool = False,
-                  shape: str = "chat") -> None:
-    if workers == 1 and not postgres and shape == "chat":
+                  shape: str = "chat", replicas: int = 1) -> None:
+    if workers == 1 and not postgres and shape == "chat" and replicas == 1:
         write_block(SECTION, BEGIN, END, text)
         return
     name = ("load" + ("-agent" if shape == "agent" else "") + ("-pg" if postgres else "")
-            + (f"-workers-{workers}" if workers > 1 else ""))
+            + (f"-workers-{workers}" if workers > 1 else "")
+            + (f"-replicas-{replicas}" if replicas > 1 else ""))
     write_block(SECTION, f"<!-- {name}:begin (written by bench/load.py) -->",
                 f"<!-- {name}:end -->", text)
 
@@ -522,6 +540,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "at most (the bench before 2026-12-01's third session)")
     parser.add_argument("--workers", type=int, default=1,
                         help="CTXPROXY_WORKERS of the proxy (its own block in RESULTS.md)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="ctxproxy processes on one store and data directory, each "
+                             "request of a session sent to the next in turn, as a load balancer "
+                             "without affinity (its own block in RESULTS.md)")
     parser.add_argument("--postgres", action="store_true",
                         help="a PostgreSQL memory store (a fresh schema of the database at "
                              "$CTXPROXY_TEST_PG_URL; its own block in RESULTS.md), not SQLite")
@@ -540,6 +562,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--postgres needs CTXPROXY_TEST_PG_URL (`. scripts/services.sh` sets it)")
     if args.profile is not None or args.set:
         args.no_write = True  # a profiled proxy is slower: its figures are not the product's
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
     if args.quick:
         args.sessions, args.seconds, args.direct_seconds, args.warmup_seconds = 40, 10, 5, 2
     return args
@@ -557,7 +581,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print("\nfirst errors:\n  " + "\n  ".join(outcome.proxied.first_errors))
         print("\nproxy log (tail):\n" + outcome.log_tail)
     if not args.no_write:
-        write_results(text, args.workers, postgres=bool(args.pg_url), shape=args.shape)
+        write_results(text, args.workers, postgres=bool(args.pg_url), shape=args.shape,
+                      replicas=args.replicas)
         print(f"\nwritten to {RESULTS}")
     return 1 if errors else 0
 

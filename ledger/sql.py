@@ -19,8 +19,8 @@ from ctxproxy.ledger.model import RECORD_COLUMNS, Group, Record, Totals
 __all__ = [
     "COLUMNS", "DIRECT", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2",
     "TABLE", "backfill_sql", "cache_write_migration", "direct_migration", "direct_select_sql",
-    "direct_upsert_sql", "from_row", "group_key", "hour_of",
-    "principal_migration", "rollup_rows", "scopes_sql", "series_params", "series_sql",
+    "direct_upsert_sql", "from_row", "group_key", "hour_of", "principal_migration",
+    "protocol_migration", "rollup_rows", "scopes_sql", "series_params", "series_sql",
     "timeline_sql", "to_row", "totals_from", "totals_query", "upsert_sql", "with_principal",
 ]
 
@@ -197,8 +197,14 @@ def cache_write_migration(dialect: int) -> tuple[str, ...]:
     )
 
 
+def protocol_migration() -> tuple[str, ...]:
+    """Version 5: the client protocol of each row ('': written before, when only the
+    Responses API was recorded and then Messages requests as if they were)."""
+    return (f"ALTER TABLE {TABLE} ADD COLUMN protocol text NOT NULL DEFAULT ''",)
+
+
 def direct_migration(dialect: int) -> tuple[str, ...]:
-    """Version 5: each session's prompt-cache chain nodes, with when each was last used, so
+    """Version 6: each session's prompt-cache chain nodes, with when each was last used, so
     that whichever replica records a session's next request continues its estimate."""
     blob, real, rowid = ("BLOB", "REAL", " WITHOUT ROWID") if dialect == 0 else (
         "bytea", "double precision", "")

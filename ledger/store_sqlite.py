@@ -25,6 +25,7 @@ from ctxproxy.ledger.sql import (
     direct_upsert_sql,
     from_row,
     principal_migration,
+    protocol_migration,
     rollup_rows,
     scopes_sql,
     series_params,
@@ -90,7 +91,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     ),
     (3, principal_migration(0)),  # each row says whose it is
     (4, cache_write_migration(0)),  # the cache writes the upstream reported
-    (5, direct_migration(0)),  # the direct-cost estimate's state, per session
+    (5, protocol_migration()),  # the client protocol of each row
+    (6, direct_migration(0)),  # the direct-cost estimate's state, per session
 )
 _DIRECT_UPSERT = direct_upsert_sql(0, "?")
 _UPSERT = upsert_sql(0, "?")

@@ -257,7 +257,7 @@ class Placer:
         standing = self._standing_message(scope, session, forwarded[0][1], prepared)
         if standing is not None:
             messages[forwarded[0][0]] = [standing]
-            ex.stable_block = standing
+            ex.stable_blocks = (*ex.stable_blocks, standing)
         kept = 0
         for at, key in forwarded[:-1]:
             shown = self._shown.get(key)

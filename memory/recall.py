@@ -148,6 +148,28 @@ def standing_of(read: Standing, window: Collection[str]) -> list[Candidate]:
     return out
 
 
+class _Seen:
+    """How well each memory matches one query, and its snippet for it, each made at most once
+    in a pick: the match is asked of every candidate, the snippet only of one that may be
+    shown (most are passed over)."""
+
+    def __init__(self, recaller: Recaller, query: str) -> None:
+        self.query = query
+        self._recaller = recaller
+        self._matches: dict[str, float] = {}
+        self._views: dict[str, Memory] = {}
+
+    def match(self, memory: Memory) -> float:
+        if memory.memory_id not in self._matches:
+            self._matches[memory.memory_id] = best_match(memory.text, self.query)
+        return self._matches[memory.memory_id]
+
+    def view(self, memory: Memory) -> Memory:
+        if memory.memory_id not in self._views:
+            self._views[memory.memory_id] = self._recaller.view(memory, self.query)[0]
+        return self._views[memory.memory_id]
+
+
 class Recaller:
     """Gathers candidates from the store (raises StoreError) and selects from them."""
 
@@ -407,21 +429,7 @@ class Recaller:
     ) -> list[Memory]:
         """The recall among ``candidates`` and the fused ``rankings``, each as its snippet
         for ``query`` (pure)."""
-        # How well each memory matches is asked of every candidate in turn; its snippet is
-        # made only for one that may be shown (most are passed over).
-        matches: dict[str, float] = {}
-        views: dict[str, Memory] = {}
-
-        def matched(memory: Memory) -> float:
-            if memory.memory_id not in matches:
-                matches[memory.memory_id] = best_match(memory.text, query)
-            return matches[memory.memory_id]
-
-        def viewed(memory: Memory) -> Memory:
-            if memory.memory_id not in views:
-                views[memory.memory_id] = self.view(memory, query)[0]
-            return views[memory.memory_id]
-
+        seen = _Seen(self, query)
         if rankings:
             # The gate before the fusion: a ranking keeps what its own evidence vouches for
             # (a line holding min_score of the question's words; a chunk at min_similarity),
@@ -430,42 +438,46 @@ class Recaller:
             candidates = [*candidates, *fuse([
                 [h for h in ranking
                  if (h.similarity >= self.min_similarity if h.similarity is not None
-                     else matched(h.memory) >= min_score)]
+                     else seen.match(h.memory) >= min_score)]
                 for ranking in rankings])]
 
-        candidates = _spoken(candidates, query)
-
         def shown_as(c: Candidate) -> Candidate | None:
-            memory = c.memory
-            if memory.memory_id in exclude:
-                return None
-            if memory.type == "working" and memory.session_id != session:
-                return None  # working memory belongs to its session
-            match = matched(memory)
-            near = c.similarity is not None and c.similarity >= self.min_similarity
-            if c.relevance < MENTIONED and match < min_score and not near:
-                return None
-            if (c.relevance < MENTIONED and memory.session_id and memory.session_id != session
-                    and whole_match(memory.text, query) < self.elsewhere_min_score):
-                return None
-            if near and match < min_score and c.span is not None:
-                # Found by meaning, not by the question's words: show the chunk that matched.
-                view = self.chunk_view(memory, c.span)
-            else:
-                view = viewed(memory)
-            before = shown.get(memory.memory_id)
-            if before is not None:  # an earlier recall message in the window shows it
-                if lines_of(view.text) <= set(before):
-                    return None  # and all of this
-                if c.relevance < MENTIONED and not self._brings_better(
-                        memory, view, before, query, min_score):
-                    return None
-            return Candidate(view, c.relevance)
+            return self._shown_as(c, seen, session=session, exclude=exclude, shown=shown,
+                                  min_score=min_score)
 
         return select(
-            candidates, weights=self.weights, now=now, k=self.k, budget=budget,
-            cost=self._cost, overhead=self._overhead, view=shown_as,
+            _spoken(candidates, query), weights=self.weights, now=now, k=self.k,
+            budget=budget, cost=self._cost, overhead=self._overhead, view=shown_as,
         )
+
+    def _shown_as(self, c: Candidate, seen: _Seen, *, session: str, exclude: Collection[str],
+                  shown: Mapping[str, Collection[str]], min_score: float) -> Candidate | None:
+        """The candidate as it would be shown, or None where it must stay out."""
+        memory, query = c.memory, seen.query
+        if memory.memory_id in exclude:
+            return None
+        if memory.type == "working" and memory.session_id != session:
+            return None  # working memory belongs to its session
+        match = seen.match(memory)
+        near = c.similarity is not None and c.similarity >= self.min_similarity
+        if c.relevance < MENTIONED and match < min_score and not near:
+            return None
+        if (c.relevance < MENTIONED and memory.session_id and memory.session_id != session
+                and whole_match(memory.text, query) < self.elsewhere_min_score):
+            return None
+        if near and match < min_score and c.span is not None:
+            # Found by meaning, not by the question's words: show the chunk that matched.
+            view = self.chunk_view(memory, c.span)
+        else:
+            view = seen.view(memory)
+        before = shown.get(memory.memory_id)
+        if before is not None:  # an earlier recall message in the window shows it
+            if lines_of(view.text) <= set(before):
+                return None  # and all of this
+            if c.relevance < MENTIONED and not self._brings_better(
+                    memory, view, before, query, min_score):
+                return None
+        return Candidate(view, c.relevance)
 
     def _brings_better(
         self, memory: Memory, view: Memory, before: Collection[str], query: str,

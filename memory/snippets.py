@@ -12,7 +12,7 @@ import re
 import threading
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import accumulate
@@ -500,6 +500,11 @@ def snippet(
         else:
             if not matched:
                 break  # in order: no gaps
+    return Snippet(_joined(chosen, shown, len(lines)), found.match)
+
+
+def _joined(chosen: Collection[int], shown: Mapping[int, str], n_lines: int) -> str:
+    """The chosen lines in their order, a gap mark wherever lines were left out."""
     out: list[str] = []
     last = -1
     for n in sorted(chosen):
@@ -507,9 +512,9 @@ def snippet(
             out.append(GAP)
         out.append(shown[n])
         last = n
-    if last != len(lines) - 1:
+    if last != n_lines - 1:
         out.append(GAP)
-    return Snippet("\n".join(out), found.match)
+    return "\n".join(out)
 
 
 def lines_of(text: str) -> frozenset[str]:

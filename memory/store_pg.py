@@ -32,7 +32,7 @@ from ctxproxy.memory.pg_schema import (
     schema,
 )
 from ctxproxy.memory.pg_search import Search, hits
-from ctxproxy.memory.vectors import REREAD, VectorIndex, VectorRow
+from ctxproxy.memory.vectors import REREAD, VECTOR_BYTES, VectorIndex, VectorRow
 from ctxproxy.plumbing.pg import Pool, open_pool
 
 __all__ = ["PostgresStore"]
@@ -115,14 +115,14 @@ class PostgresStore:
     """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
 
     def __init__(self, url: str, *, max_connections: int = 10, timeout_s: float = 5.0,
-                 idle_check_s: float = IDLE_CHECK_S) -> None:
+                 idle_check_s: float = IDLE_CHECK_S, vector_bytes: int = VECTOR_BYTES) -> None:
         self._url = url  # holds the password: never logged
         self._max = max_connections
         self._timeout_s = timeout_s
         self._idle = _IdleCheck(idle_check_s)
         self._pool: Pool | None = None
         self._search = Search()
-        self._vectors = VectorIndex(reread=REREAD)
+        self._vectors = VectorIndex(reread=REREAD, max_bytes=vector_bytes)
 
     def __repr__(self) -> str:
         return "PostgresStore(<url>)"

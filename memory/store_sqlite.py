@@ -34,7 +34,7 @@ from ctxproxy.memory.sqlite_schema import (
     scope_params,
 )
 from ctxproxy.memory.sqlite_search import search_in, searcher
-from ctxproxy.memory.vectors import Match, VectorIndex, VectorRow
+from ctxproxy.memory.vectors import VECTOR_BYTES, Match, VectorIndex, VectorRow
 from ctxproxy.memory.words import terms
 
 __all__ = ["SqliteStore"]
@@ -78,7 +78,8 @@ _UNEMBEDDED = """FROM memories m WHERE m.type IN ('episodic', 'semantic') AND NO
 class SqliteStore:
     """Memory records in one SQLite file (``CTXPROXY_DATA_DIR/memory.sqlite3``)."""
 
-    def __init__(self, path: Path | str, *, processes: bool = False) -> None:
+    def __init__(self, path: Path | str, *, processes: bool = False,
+                 vector_bytes: int = VECTOR_BYTES) -> None:
         self.path = Path(path)
         # Searches in processes of their own (``processes``): in the search threads, their
         # Python (the rerank, the rows read) held the worker's GIL against its event loop.
@@ -86,7 +87,7 @@ class SqliteStore:
             Served(SEARCHERS, searcher, str(self.path), name="ctxproxy-search")
             if processes else None)
         self._threads = Threads(self.path)
-        self._vectors = VectorIndex()
+        self._vectors = VectorIndex(max_bytes=vector_bytes)
         self._matches = MatchCounts()
 
     def __repr__(self) -> str:

@@ -17,8 +17,9 @@ def make_store(settings: Settings, *, serving: bool = False) -> Store:
     if url:
         from ctxproxy.memory.store_pg import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, vector_bytes=int(settings.vector_cache_mb * 2**20))
     from ctxproxy.memory.store_sqlite import SqliteStore
 
     return SqliteStore(settings.data_dir / "memory.sqlite3",
-                       processes=serving and settings.memory_process)
+                       processes=serving and settings.memory_process,
+                       vector_bytes=int(settings.vector_cache_mb * 2**20))

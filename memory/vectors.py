@@ -4,10 +4,12 @@ A memory is embedded as chunks of whole lines (``chunks``): a long episode (a to
 long answer) gets a vector per stretch, so a match inside it is found and shown by itself.
 Vectors are cached by the digest of (model, chunk text): the same text is never embedded
 twice. The search is exact (a matrix product over every vector of one scope) on an
-in-process copy of the scope's vectors (``VectorIndex``), kept in step by reading only the
-rows written since the last read; no ANN index to tune, and it stays fast enough at the
-scope sizes measured (bench/RESULTS.md, Hybrid recall). PostgreSQL's pgvector and
-sqlite-vec would replace this copy.
+in-process copy of the scope's vectors (``VectorIndex``), loaded on the scope's first search,
+kept in step by reading only the rows written since the last read, and bounded by bytes per
+process (the least recently searched scopes go); no ANN index to tune, and it stays fast
+enough at the scope sizes measured (bench/RESULTS.md, Hybrid recall). PostgreSQL's pgvector
+(not packaged for the Debian release this project installs from) and sqlite-vec would
+replace this copy.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from ctxproxy.memory.model import Scope
 from ctxproxy.memory.turns import INDENT, TURN_CHARS
 
 __all__ = [
-    "CHUNK_CHARS", "MAX_CHUNKS", "MAX_SENTENCES", "REREAD", "Match", "VectorIndex", "VectorRow",
-    "chunks", "content_digest", "pack", "unpack",
+    "CHUNK_CHARS", "MAX_CHUNKS", "MAX_SENTENCES", "REREAD", "VECTOR_BYTES", "Match",
+    "VectorIndex", "VectorRow", "chunks", "content_digest", "pack", "unpack",
 ]
 
 # About 130 tokens: shown whole with its turn's prompt within a snippet's budget
@@ -48,7 +50,10 @@ _SENTENCE_END = re.compile(r"[.!?;](?=\s)|\n")
 # The label memory.turns.render puts before the prompt: our word, not the user's (it moves a
 # sentence's vector a little away from the questions that ask for it: bench/paraphrases.py).
 USER_LABEL = "User: "
-SCOPES_CACHED = 32
+# The default bound of one store's copy (config's CTXPROXY_VECTOR_CACHE_MB).
+VECTOR_BYTES = 256 * 2**20
+# What a held chunk costs beside its vector: its memory id, span and slot (an estimate).
+SLOT_BYTES = 160
 # PostgreSQL hands out sequence numbers before commit: a row may appear below the largest seq
 # already read. Its refresh looks this many seqs back again (by seq alone, then reads the rows
 # it does not hold). SQLite commits one writer at a time, in seq order: 0.
@@ -184,16 +189,28 @@ class _Scoped:
         self.size += 1
         self.seen = max(self.seen, seq)
 
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes + SLOT_BYTES * len(self.ids)
+
 
 class VectorIndex:
-    """The exact vector search of one store: per (scope, model), an in-process matrix that a
-    refresh extends with the rows stored since (``since``/``apply``). Thread-safe."""
+    """The exact vector search of one store: per (scope, model), an in-process matrix loaded
+    on the scope's first search, that a refresh extends with the rows stored since
+    (``since``/``apply``). At most ``max_bytes`` in all: past it the least recently searched
+    scopes go (a scope larger than that on its own is still held, alone, or it could never
+    be searched). Thread-safe."""
 
-    def __init__(self, *, reread: int = 0, scopes: int = SCOPES_CACHED) -> None:
+    def __init__(self, *, reread: int = 0, max_bytes: int = VECTOR_BYTES) -> None:
         self._scopes: OrderedDict[tuple[Scope, str], _Scoped] = OrderedDict()
         self._reread = reread
-        self._max = scopes
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(held.nbytes for held in self._scopes.values())
 
     def since(self, scope: Scope, model: str) -> int:
         """Read rows with seq above this (-1: all of them)."""
@@ -225,8 +242,14 @@ class VectorIndex:
                 held.replace(memory_id, [g for g in group if len(g[2]) == dim])
             if held is not None:
                 self._scopes.move_to_end(key)
-            while len(self._scopes) > self._max:
-                self._scopes.popitem(last=False)
+            self._bound()
+
+    def _bound(self) -> None:
+        """Drop the least recently searched scopes past ``max_bytes`` (the lock held)."""
+        total = sum(held.nbytes for held in self._scopes.values())
+        while total > self.max_bytes and len(self._scopes) > 1:
+            _, gone = self._scopes.popitem(last=False)
+            total -= gone.nbytes
 
     def top(self, scope: Scope, model: str, query: np.ndarray, k: int) -> list[Match]:
         """The ``k`` memories whose best chunk is nearest ``query``, nearest first."""

@@ -20,17 +20,24 @@ from ctxproxy.config.logs import fields
 from ctxproxy.proxy import bodies, targets
 from ctxproxy.proxy.auth import PRINCIPAL, client_auth, load_client_keys
 from ctxproxy.proxy.errors import BodyTooLarge, ClientClosed, ProxyError, error_response
-from ctxproxy.proxy.headers import check_utf8, request_headers, response_headers
+from ctxproxy.proxy.headers import (
+    Credential,
+    check_utf8,
+    request_headers,
+    response_headers,
+    upstream_credential,
+)
 from ctxproxy.proxy.metrics import Metrics, combine, sample_loop_lag
 from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from ctxproxy.proxy.pipeline import Pipeline
 from ctxproxy.proxy.sse import BodyTap, UsageTap
+from ctxproxy.proxy.sse_chat import ChatBodyTap, ChatTap
 from ctxproxy.proxy.sse_messages import MessagesBodyTap, MessagesTap
 from ctxproxy.proxy.upstream import Idle, Upstream
 from ctxproxy.proxy.workers import Peers
 from ctxproxy.request import Access, Answer, End, Exchange, NotAResponsesRequest, Sent, Step
-from ctxproxy.request.protocol import MESSAGES, RESPONSES, Protocol
+from ctxproxy.request.protocol import CHAT, MESSAGES, RESPONSES, Protocol
 from ctxproxy.window.step import WindowStep
 
 log = logging.getLogger("ctxproxy")
@@ -40,9 +47,15 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", Upstream)
 ANTHROPIC = web.AppKey("anthropic", Upstream)  # the Anthropic API (ANTHROPIC_URL)
+CHAT_UPSTREAM = web.AppKey("chat", Upstream)  # the Chat Completions API (CHAT_URL, or UPSTREAM)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READY = web.AppKey("ready", dict)
+# What /readyz asks besides start-up and shutdown: each side's name and whether it can serve
+# (the memory store reachable, say), so a load balancer routes around a replica that cannot.
+ReadyCheck = Callable[[], Awaitable[bool]]
+READY_CHECKS: web.AppKey[dict[str, ReadyCheck]] = web.AppKey("ready_checks")
 PEERS = web.AppKey("peers", Peers)  # set in a worker of several (CTXPROXY_WORKERS)
+KEYED = web.AppKey("keyed", bool)  # under CLIENT_KEYS: a client's credential is ours alone
 # The app's wall clock (a bench replays hours of a session in seconds with its own).
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 
@@ -65,13 +78,15 @@ def create_app(
     steps: StepsFactory = default_steps,
     upstream: Upstream | None = None,
     anthropic: Upstream | None = None,
+    chat: Upstream | None = None,
     clock: Callable[[], float] = time.time,
 ) -> web.Application:
     """Build the proxy app. Clients open in cleanup contexts; nothing runs at import time.
 
     Other sides (knowledge, memory) add their own cleanup contexts and routes to the app
     before it starts; ``steps`` is called once at start-up, after every context is open.
-    ``upstream`` replaces the client to the real API (tests give it their own connector).
+    ``upstream`` replaces the client to the real API (tests give it their own connector);
+    ``anthropic`` and ``chat`` the clients to ANTHROPIC_URL and CHAT_URL.
     Over 60 lines: the app's keys, contexts and routes are listed in one place.
     """
     client_keys = load_client_keys(settings.client_keys)
@@ -82,10 +97,12 @@ def create_app(
         middlewares.append(client_auth(client_keys))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
+    app[KEYED] = keyed
     app[ROUTES] = Routes.from_settings(settings, client_keys=keyed)  # for add_passthrough
     app[METRICS] = metrics = Metrics()
     app[PIPELINE] = Pipeline([])
     app[READY] = {"ready": False}
+    app[READY_CHECKS] = {}
     app[CLOCK] = clock
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -99,13 +116,18 @@ def create_app(
             settings.upstream_connect_timeout_s,
             settings.upstream_read_timeout_s,
         )
-        await client.start()
-        await other.start()
+        chat_client = chat or (Upstream(
+            settings.chat_url, settings.upstream_connect_timeout_s,
+            settings.upstream_read_timeout_s) if settings.chat_url else None)
+        started = [c for c in (client, other, chat_client) if c is not None]
+        for one in started:
+            await one.start()
         app[UPSTREAM] = client
         app[ANTHROPIC] = other
+        app[CHAT_UPSTREAM] = chat_client or client
         yield
-        await client.close()
-        await other.close()
+        for one in started:
+            await one.close()
 
     async def on_startup(app: web.Application) -> None:
         # on_startup handlers run after every cleanup context has opened.
@@ -131,6 +153,8 @@ def create_app(
     app.router.add_post("/v1/responses", responses, name="responses")
     app.router.add_post("/responses", responses, name="responses:bare")
     app.router.add_post("/v1/messages", messages, name="messages")
+    app.router.add_post("/v1/chat/completions", chat_completions, name="chat")
+    app.router.add_post("/chat/completions", chat_completions, name="chat:bare")
     app.router.add_route("*", "/v1/messages/{tail:.*}", anthropic_passthrough,
                          name="anthropic")
     return app
@@ -239,14 +263,30 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
                     **info.fields(),
                 ),
             )
-        if route in ("responses", "messages"):  # after the line: its cost never delays it
+        if route in ("responses", "messages", "chat"):  # after the line: its cost never delays it
             request.app[PIPELINE].ended(End(request.get(EXCHANGE), request.get(SENT), info,
                                             status, request.get(PRINCIPAL)))
 
 
 def _protocol(request: web.Request) -> Protocol:
-    """The protocol whose shape the request's errors take."""
-    return MESSAGES if request.path.startswith("/v1/messages") else RESPONSES
+    """The protocol whose shape the request's errors take: the route's, else (another
+    route) the client's, by its headers."""
+    if request.path.startswith("/v1/messages"):
+        return MESSAGES
+    if request.path.endswith("/chat/completions"):
+        return CHAT
+    if request.path.startswith(("/v1/responses", "/responses")):
+        return RESPONSES
+    return MESSAGES if _anthropic(request) else RESPONSES
+
+
+# Headers only Anthropic's clients send (Claude Code, the anthropic SDK): their other calls,
+# GET /v1/models say, go to the Anthropic API too.
+ANTHROPIC_HEADERS = ("anthropic-version", "x-api-key")
+
+
+def _anthropic(request: web.Request) -> bool:
+    return any(name in request.headers for name in ANTHROPIC_HEADERS)
 
 
 def _route_name(request: web.Request) -> str:
@@ -263,8 +303,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ready = request.app[READY]["ready"]
-    return web.json_response({"ready": ready}, status=200 if ready else 503)
+    if not request.app[READY]["ready"]:
+        return web.json_response({"ready": False}, status=503)
+    checks = request.app[READY_CHECKS]
+    answers = await asyncio.gather(*(check() for check in checks.values()))
+    failing = [name for name, ok in zip(checks, answers, strict=True) if not ok]
+    if failing:
+        return web.json_response({"ready": False, "failing": failing}, status=503)
+    return web.json_response({"ready": True})
 
 
 PEER_SCRAPE_TIMEOUT_S = 2.0
@@ -336,14 +382,29 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await through_pipeline(request, MESSAGES)
 
 
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions (opencode, Aider, Continue, ...; also without /v1, as some
+    clients send it): apply the pipeline, then relay to CHAT_URL."""
+    return await through_pipeline(request, CHAT)
+
+
 async def anthropic_passthrough(request: web.Request) -> web.StreamResponse:
     """The other /v1/messages/... routes (count_tokens, batches), forwarded unchanged to
     ANTHROPIC_URL."""
     path = targets.origin_path(request.raw_path)
     if not request.app[ROUTES].allows(request.method, upstream_path(path)):
-        return refusal()
+        return refusal(MESSAGES)
+    credential = _credential(request, MESSAGES)
     body = await read_body(request) if request.body_exists else None
-    return await relay(request, path, body, protocol=MESSAGES)
+    return await relay(request, path, body, protocol=MESSAGES, credential=credential)
+
+
+def _credential(request: web.Request, protocol: Protocol) -> Credential:
+    """The credential the request's upstream gets (raises NoUpstreamKey before any work is
+    done for a request that could not be forwarded)."""
+    app = request.app
+    return upstream_credential(app[SETTINGS], anthropic=protocol is MESSAGES,
+                               chat=protocol is CHAT, keyed=app[KEYED])
 
 
 async def through_pipeline(request: web.Request, protocol: Protocol) -> web.StreamResponse:
@@ -356,6 +417,7 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info = request[ACCESS]
     at = app[CLOCK]()
     began = time.perf_counter()
+    credential = _credential(request, protocol)
     raw = await read_body(request)
     body = raw
     ex: Exchange | None = None
@@ -386,10 +448,12 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     info.bytes_forwarded = len(body)
     info.forwarded_ratio = round(len(body) / len(raw), 4) if raw else 1.0
     request[SENT] = Sent(at, raw, body, ex, client_body,
-                         ex.body if ex is not None and body is not raw else None)
+                         ex.body if ex is not None and body is not raw else None, protocol.name)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
-    path = "responses" if protocol is RESPONSES else "v1/messages"
-    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol)
+    path = {"responses": "responses", "chat": "chat/completions"}.get(
+        protocol.name, "v1/messages")
+    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol,
+                       credential=credential)
 
 
 T = TypeVar("T")
@@ -415,7 +479,8 @@ def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesReque
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Every other method and path, forwarded unchanged under UPSTREAM_URL (under client
-    keys, only the routes ``proxy.passthrough`` allows)."""
+    keys, only the routes ``proxy.passthrough`` allows); the model list asked by an Anthropic
+    client (its headers say so), under ANTHROPIC_URL."""
     if request.headers.get("upgrade"):
         # Codex tries a WebSocket first when configured to; 426 makes it fall back to HTTP.
         return error_response(
@@ -426,16 +491,23 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         )
     # The target as the client sent it (still percent-encoded), so that nothing is decoded
     # and re-encoded differently on the way; Upstream.url refuses dot segments.
-    path = upstream_path(targets.origin_path(request.raw_path))
+    origin = targets.origin_path(request.raw_path)
+    path = upstream_path(origin)
+    models = path == "/models" or path.startswith("/models/")
+    protocol = MESSAGES if models and _anthropic(request) else RESPONSES
     if not request.app[ROUTES].allows(request.method, path):
-        return refusal()  # before the body is read: nothing of it goes anywhere
+        return refusal(protocol)  # before the body is read: nothing of it goes anywhere
+    credential = _credential(request, protocol)
     body = await read_body(request) if request.body_exists else None
-    return await relay(request, path, body)
+    # Anthropic's base URL has no /v1: its path is the client's.
+    return await relay(request, origin if protocol is MESSAGES else path, body,
+                       protocol=protocol, credential=credential)
 
 
 async def relay(
     request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False,
     ex: Exchange | None = None, protocol: Protocol = RESPONSES,
+    credential: Credential | None = None,
 ) -> web.StreamResponse:
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
     pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
@@ -445,14 +517,11 @@ async def relay(
     one ``finally``, and every way out of the copy (the client gone, the upstream broken, the
     end) reads beside it."""
     app = request.app
-    settings = app[SETTINGS]
     info = request[ACCESS]
-    upstream = app[UPSTREAM] if protocol is RESPONSES else app[ANTHROPIC]
-    # UPSTREAM_API_KEY is an OpenAI key: Anthropic's requests keep the client's own.
-    key = settings.upstream_api_key if protocol is RESPONSES else None
+    upstream = _upstream(app, protocol)
     headers = request_headers(
         request.headers,
-        f"Bearer {key.get_secret_value()}" if key else None,
+        credential if credential is not None else _credential(request, protocol),
         body_decoded=request.get(bodies.DECODED, False),
     )
     url = upstream.url(path, request.raw_path.partition("?")[2])
@@ -518,7 +587,16 @@ async def relay(
             upstream_response.close()  # client gone or stream broken: drop the connection now
 
 
-Tap = UsageTap | BodyTap | MessagesTap
+def _upstream(app: web.Application, protocol: Protocol) -> Upstream:
+    """Where a protocol's requests go (their credential: ``_credential``)."""
+    if protocol is MESSAGES:
+        return app[ANTHROPIC]
+    if protocol is CHAT and app[SETTINGS].chat_url:
+        return app[CHAT_UPSTREAM]
+    return app[UPSTREAM]
+
+
+Tap = UsageTap | BodyTap | MessagesTap | ChatTap
 
 
 def _tap(response: aiohttp.ClientResponse, protocol: Protocol) -> Tap | None:
@@ -529,6 +607,9 @@ def _tap(response: aiohttp.ClientResponse, protocol: Protocol) -> Tap | None:
     if protocol is MESSAGES:
         return MessagesTap(encoding) if stream else (
             MessagesBodyTap(encoding) if response.content_type == "application/json" else None)
+    if protocol is CHAT:
+        return ChatTap(encoding) if stream else (
+            ChatBodyTap(encoding) if response.content_type == "application/json" else None)
     if stream:
         return UsageTap(encoding)
     if response.content_type == "application/json":

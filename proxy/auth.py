@@ -14,7 +14,9 @@ be: ``any`` (the default), ``none``, or user keys (or their ``u_...`` digests). 
 beyond the key's claims gets 403. The bare word ``admin`` marks an operator's key: the
 dashboard and explain show it every principal's data (other keys see only their own).
 Entries are separated by newlines (``@FILE``) or ``;``; a spec with neither ``;`` nor ``=`` is
-the older ``key1,key2`` list.
+the older ``key1,key2`` list. A caller sends its key as ``Authorization: Bearer KEY`` or, as
+Claude Code and the anthropic SDK do, as ``x-api-key: KEY``; either way it never goes upstream
+(``proxy.headers.upstream_credential``).
 """
 
 from __future__ import annotations
@@ -148,8 +150,9 @@ async def _body_claims(request: web.Request) -> dict[str, str]:
 
 
 def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
-    """A middleware answering 401 to a caller without a known key, 403 to one whose identity
-    headers claim more than its key allows; it leaves the key's principal on the request."""
+    """A middleware answering 401 to a caller without a known key (a bearer Authorization, or
+    x-api-key as Anthropic's clients send it), 403 to one whose identity headers claim more
+    than its key allows; it leaves the key's principal on the request."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -158,6 +161,8 @@ def client_auth(keys: tuple[ClientKey, ...]) -> Middleware:
         if request.path in OPEN_PATHS or route in SHELL_ROUTES or route in UI_LOGIN_ROUTES:
             return await handler(request)
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if not presented and (api_key := request.headers.get("x-api-key")):
+            scheme, presented = "bearer", api_key  # Claude Code's and the anthropic SDK's way
         if not presented and (route or "").startswith("ui") and UI_COOKIE in request.cookies:
             scheme, presented = "bearer", request.cookies[UI_COOKIE]
         token = presented.strip().encode()

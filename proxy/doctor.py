@@ -73,8 +73,11 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
     print(f"\ndata directory: {data} ({state})")
     print("\nchecks:")
     failed = 0
-    for name, check in (("upstream", _upstream), ("store", _store), ("request stats", _ledger),
-                        ("core", _core)):
+    checks = [("upstream", _upstream), ("store", _store), ("request stats", _ledger),
+              ("core", _core)]
+    if settings.chat_url:
+        checks.insert(1, ("chat upstream", _chat_upstream))
+    for name, check in checks:
         started = time.perf_counter()
         try:
             result = asyncio.run(check(settings))
@@ -87,13 +90,22 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _upstream(settings: Settings) -> str:
+    return await _models(settings.upstream_url, "CTXPROXY_UPSTREAM_URL", settings)
+
+
+async def _chat_upstream(settings: Settings) -> str:
+    assert settings.chat_url is not None
+    return await _models(settings.chat_url, "CTXPROXY_CHAT_URL", settings)
+
+
+async def _models(url: str, variable: str, settings: Settings) -> str:
     """The base URL is right when its models route answers 2xx, or 401/403: the doctor sends
     no key, and a provider refuses one it lacks only on a route that exists. Anything else
-    (a 404 most often) means requests would not reach the Responses API."""
+    (a 404 most often) means requests would not reach the API."""
     async with httpx.AsyncClient(timeout=settings.upstream_connect_timeout_s) as http:
-        response = await http.get(settings.upstream_url + "/models")
+        response = await http.get(url + "/models")
     status = response.status_code
-    answer = f"{shown_url(settings.upstream_url)}/models answered HTTP {status}"
+    answer = f"{shown_url(url)}/models answered HTTP {status}"
     if 200 <= status < 300 or status in (401, 403):
         return answer
     if status >= 500:
@@ -101,7 +113,7 @@ async def _upstream(settings: Settings) -> str:
     moved = response.headers.get("location")
     raise RuntimeError(
         answer + (f" (moved to {shown_url(moved)})" if moved else "")
-        + "; is CTXPROXY_UPSTREAM_URL the API's base URL? It usually ends in /v1, as in "
+        + f"; is {variable} the API's base URL? It usually ends in /v1, as in "
         "https://api.openai.com/v1"
     )
 

@@ -53,6 +53,14 @@ class UpstreamTimeout(ProxyError):
     code = "upstream_timeout"
 
 
+class NoUpstreamKey(ProxyError):
+    """The proxy has no credential of its own for the upstream a request goes to."""
+
+    status = 500
+    type = "server_error"
+    code = "upstream_key_missing"
+
+
 class Unauthorized(ProxyError):
     status = 401
     type = "invalid_request_error"

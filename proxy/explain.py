@@ -3,7 +3,8 @@ requests it reads with ``--last``, and ``CTXPROXY_CAPTURE_DIR``'s redacted bodie
 
 The report compares the client's body with the forwarded one, part by part (instructions,
 tools, each input item, by digest): items cut, tool outputs masked (same call, other bytes),
-items and instruction text added, with their sizes, and both token counts.
+items and instruction text added, with their sizes, and both token counts. A Messages or Chat
+body is read as the steps saw it (its items), and its system prompt as its instructions.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from ctxproxy.ledger.counterfactual import PartCounter
 from ctxproxy.proxy.app import SETTINGS
 from ctxproxy.proxy.auth import ADMIN, PRINCIPAL
 from ctxproxy.proxy.errors import error_response
-from ctxproxy.request import End, History, Step, message_text, output_text
+from ctxproxy.request import End, History, Item, Step, message_text, output_text
+from ctxproxy.request.items import SYSTEM_ROLES
+from ctxproxy.request.messages import mark_count
+from ctxproxy.request.protocol import CHAT, MESSAGES, PROTOCOLS, RESPONSES
 
 __all__ = ["RECENT", "Recent", "explain", "install", "redact_body", "render", "steps"]
 
@@ -53,10 +57,11 @@ class Seen:
     status: int
     notes: dict[str, Any]
     principal: str | None = None  # the client key's (None: no client keys)
+    protocol: str = "responses"  # the client protocol's name
 
 
 class Recent:
-    """The last ``size`` /v1/responses requests of this process, any session, holding at
+    """The last ``size`` model requests (of any protocol) of this process, any session, holding at
     most ``max_bytes`` of bodies (the oldest go first; the newest is always kept)."""
 
     def __init__(self, size: int = RING, max_bytes: int = RING_BYTES) -> None:
@@ -121,7 +126,7 @@ class Keep:
         sent, info = end.sent, end.access
         if sent is not None:
             self._recent.add(Seen(sent.at, info.session_id or "", sent.raw, sent.forwarded,
-                                  end.status, info.fields(), end.principal))
+                                  end.status, info.fields(), end.principal, sent.protocol))
 
 
 async def last_route(request: web.Request) -> web.Response:
@@ -142,8 +147,9 @@ async def last_route(request: web.Request) -> web.Response:
 
 
 def _report(seen: Seen, with_body: bool) -> dict[str, Any]:
-    report = explain(seen.raw, seen.forwarded)
-    report.update(session=seen.session, status=seen.status, at=seen.at, access=seen.notes)
+    report = explain(seen.raw, seen.forwarded, seen.protocol)
+    report.update(session=seen.session, status=seen.status, at=seen.at, access=seen.notes,
+                  protocol=seen.protocol)
     if with_body:
         report["body"] = redact_body(orjson.loads(seen.forwarded))
     return report
@@ -167,12 +173,25 @@ def _describe(item: dict[str, Any]) -> str:
     return f"{label}: {head}" if head else label
 
 
-def explain(raw: bytes, forwarded: bytes) -> dict[str, Any]:
-    """What became of the client's body ``raw`` on its way out as ``forwarded``."""
+def explain(raw: bytes, forwarded: bytes, protocol: str = "responses") -> dict[str, Any]:
+    """What became of the client's body ``raw`` (of ``protocol``) on its way out as
+    ``forwarded``.
+
+    Over 60 lines: each of the report's figures is worked out beside the others, from the
+    same two lists of items."""
+    shape = PROTOCOLS.get(protocol, RESPONSES)
     client, sent = orjson.loads(raw), orjson.loads(forwarded)
+    before_text, after_text = _system_text(shape, client), _system_text(shape, sent)
+    # Messages carry their cache marks in their own blocks (the steps' items do not).
+    marks = (mark_count(sent) - mark_count(client) if shape is MESSAGES
+             and isinstance(client, dict) and isinstance(sent, dict) else None)
+    client, sent = shape.seen(client), shape.seen(sent)
     items_in = client.get("input") if isinstance(client.get("input"), list) else []
     items_out = sent.get("input") if isinstance(sent.get("input"), list) else []
     counter = PartCounter(tokens.count)
+    extra = after_text[len(before_text):] if after_text.startswith(before_text) else after_text
+    # Chat's system message holds what the steps added: compared as the client's own.
+    counted_out, items_out = items_out, _system_as_sent(shape, items_in, items_out)
     in_digests = {_digest(i) for i in items_in}
     in_calls = {i.get("call_id"): i for i in items_in
                 if isinstance(i, dict) and i.get("type") == "function_call_output"}
@@ -192,20 +211,61 @@ def explain(raw: bytes, forwarded: bytes) -> dict[str, Any]:
     cut = sum(1 for i in items_in if _digest(i) not in out_digests
               and not (isinstance(i, dict) and i.get("call_id") in masked_ids
                        and i.get("type") == "function_call_output"))
-    before_text = client.get("instructions") if isinstance(client.get("instructions"), str) else ""
-    after_text = sent.get("instructions") if isinstance(sent.get("instructions"), str) else ""
-    extra = after_text[len(before_text):] if after_text.startswith(before_text) else after_text
     return {
-        "turns_in": _turns(items_in), "turns_forwarded": _turns(items_out),
-        "items_in": len(items_in), "items_forwarded": len(items_out), "items_cut": cut,
+        "turns_in": _turns(items_in), "turns_forwarded": _turns(
+            [i for i in counted_out if not _added_words(i, in_digests)]),
+        "items_in": len(items_in), "items_forwarded": len(counted_out), "items_cut": cut,
         "outputs_masked": masked, "items_added": added,
-        "breakpoints": len(client_marks(items_out)) - len(client_marks(items_in)),
+        "breakpoints": (marks if marks is not None
+                        else len(client_marks(items_out)) - len(client_marks(items_in))),
         "instructions_added": {"chars": len(extra), "tokens": tokens.count(extra) if extra else 0,
                                "blocks": list(dict.fromkeys(_TAG.findall(extra)))},
         "client_tokens": counter.measure(client).tokens,
         "forwarded_tokens": counter.measure(sent).tokens,
         "unchanged": raw == forwarded,
     }
+
+
+def _added_words(item: Any, client: set[bytes]) -> bool:
+    """A user message of the steps' own (Messages and Chat write their blocks as user
+    text): not a prompt of the client's, so no turn."""
+    return isinstance(item, dict) and item.get("role") == "user" and _digest(item) not in client
+
+
+def _system_text(shape: object, body: Any) -> str:
+    """The text of a client body's system prompt: Responses' ``instructions``, Messages'
+    ``system``, Chat's first system or developer message."""
+    if not isinstance(body, dict):
+        return ""
+    if shape is MESSAGES:
+        system = body.get("system")
+        return system if isinstance(system, str) else message_text({"content": system})
+    if shape is CHAT:
+        first = _first_system(body.get("messages"))
+        return message_text(first) if first is not None else ""
+    text = body.get("instructions")
+    return text if isinstance(text, str) else ""
+
+
+def _first_system(items: Any) -> Item | None:
+    if not isinstance(items, list):
+        return None
+    return next((i for i in items if isinstance(i, dict) and i.get("role") in SYSTEM_ROLES),
+                None)
+
+
+def _system_as_sent(shape: object, items_in: list[Any], items_out: list[Any]) -> list[Any]:
+    """``items_out`` with Chat's first system message the client's, when the steps only
+    appended to it, or without it when they added it (what they wrote there is counted as
+    instructions)."""
+    before, after = _first_system(items_in), _first_system(items_out)
+    if shape is not CHAT or after is None or before is after:
+        return items_out
+    if before is None:  # a system message of the steps' own, first
+        return [item for item in items_out if item is not after]
+    if not message_text(after).startswith(message_text(before)):
+        return items_out
+    return [before if item is after else item for item in items_out]
 
 
 def _turns(items: list[Any]) -> int:

@@ -17,6 +17,8 @@ from ctxproxy.config import Settings
 from ctxproxy.proxy.auth import load_client_keys
 from ctxproxy.proxy.explain import explain, redact_body, render
 from ctxproxy.request import Exchange, NotAResponsesRequest
+from ctxproxy.request.messages import is_messages_body
+from ctxproxy.request.protocol import CHAT, MESSAGES, PROTOCOLS, RESPONSES, Protocol
 from ctxproxy.window.step import WindowStep
 
 __all__ = ["register"]
@@ -34,7 +36,13 @@ def register(commands: Any) -> None:
         "sizes, the tokens sent and forwarded. FILE ('-': stdin) is run through the window "
         "here; --last asks the running proxy about the last request it served.",
     )
-    p.add_argument("file", nargs="?", help="a /v1/responses request body (JSON)")
+    p.add_argument("file", nargs="?",
+                   help="a /v1/responses, /v1/messages or /v1/chat/completions request body "
+                   "(JSON)")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS),
+                   help="FILE's protocol (default: told from the body: input is Responses; "
+                   "messages with a top-level system, or none, Messages; with developer or tool "
+                   "messages or tool_calls, Chat Completions)")
     p.add_argument("--last", action="store_true",
                    help="the last request the running proxy served (kept in memory); under "
                    "client keys, asked with the first admin key, else the first key (which "
@@ -70,18 +78,33 @@ def _offline(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     headers = CIMultiDict[str]()
     if args.session:
-        headers["session-id"] = args.session
+        headers["session-id"] = headers["x-claude-code-session-id"] = args.session
     try:
-        ex = Exchange.parse(raw, CIMultiDictProxy(headers), settings)
+        protocol = PROTOCOLS[args.protocol] if args.protocol else _protocol_of(orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from exc
+    try:
+        ex = Exchange.parse(raw, CIMultiDictProxy(headers), settings, protocol=protocol)
     except NotAResponsesRequest as exc:
-        raise ValueError(f"not a Responses request, it would go out as sent: {exc}") from exc
+        raise ValueError(f"not a request the pipeline reads, it would go out as sent: "
+                         f"{exc}") from exc
     asyncio.run(WindowStep.from_settings(settings)(ex))
     forwarded = ex.serialise()
-    report = explain(raw, forwarded)
+    report = explain(raw, forwarded, protocol.name)
     report["note"] = OFFLINE_NOTE
     if args.body:
         report["body"] = redact_body(orjson.loads(forwarded))
     return report
+
+
+def _protocol_of(body: Any) -> Protocol:
+    """A body's protocol as far as its keys tell: Chat's own roles and tool_calls, else
+    Messages' messages, else Responses."""
+    if not is_messages_body(body):
+        return RESPONSES
+    chat = any(isinstance(m, dict) and (m.get("role") in ("developer", "tool") or "tool_calls" in m)
+               for m in body["messages"])
+    return CHAT if chat and "system" not in body else MESSAGES
 
 
 def _last(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from ctxproxy.proxy.errors import BadRequest
+from ctxproxy.config import Settings
+from ctxproxy.proxy.errors import BadRequest, NoUpstreamKey
+
+__all__ = ["CREDENTIAL_HEADERS", "Credential", "check_utf8", "request_headers",
+           "response_headers", "upstream_credential"]
 
 # RFC 9110 7.6.1 hop-by-hop headers, plus the ones the proxy recomputes itself.
 HOP_BY_HOP = frozenset(
@@ -47,21 +52,63 @@ def _copy(headers: CIMultiDictProxy[str], drop: Iterable[str]) -> CIMultiDict[st
     return out
 
 
+# Where a client puts its key: OpenAI's clients in Authorization, Anthropic's (Claude Code,
+# the anthropic SDK) in x-api-key, or in Authorization for an OAuth-style token.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """The client's headers its upstream request leaves out, and the ones put in instead."""
+
+    drop: tuple[str, ...] = ()
+    add: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # a secret
+
+
+def upstream_credential(settings: Settings, *, anthropic: bool, keyed: bool,
+                        chat: bool = False) -> Credential:
+    """What a request to the OpenAI upstream, or (``anthropic``) to ANTHROPIC_URL, or
+    (``chat``) a Chat Completions request, to CHAT_URL when that is set, carries as its
+    credential. ``keyed``: under CLIENT_KEYS, where whatever credential the client sent is
+    its key to this proxy and never leaves it (settings refuse CHAT_URL without its key
+    there).
+
+    Raises NoUpstreamKey for an Anthropic request under client keys with no
+    ANTHROPIC_API_KEY: it would reach Anthropic with no key, or with the client's.
+    """
+    drop = CREDENTIAL_HEADERS if keyed else ()
+    if anthropic:
+        key = settings.anthropic_api_key
+        if key is not None:
+            return Credential(CREDENTIAL_HEADERS, (("x-api-key", key.get_secret_value()),))
+        if keyed:
+            raise NoUpstreamKey(
+                "this proxy has no key for the Anthropic API: set CTXPROXY_ANTHROPIC_API_KEY "
+                "(client keys are never forwarded upstream)")
+        return Credential()
+    key = settings.chat_api_key if chat and settings.chat_url else settings.upstream_api_key
+    if key is None:
+        return Credential(drop)
+    return Credential(drop or ("authorization",),
+                      (("Authorization", f"Bearer {key.get_secret_value()}"),))
+
+
 def request_headers(
     headers: CIMultiDictProxy[str],
-    upstream_authorization: str | None,
+    credential: Credential,
     *,
     body_decoded: bool = False,
 ) -> CIMultiDict[str]:
-    """End-to-end request headers for the upstream; the configured key replaces the client's.
+    """End-to-end request headers for the upstream, with ``credential`` in place of the
+    client's.
 
     ``body_decoded``: the body goes out decoded, so its Content-Encoding no longer applies
     (and Content-Length, dropped with the hop-by-hop ones, is recomputed by the client).
     """
-    drop = ("authorization",) if upstream_authorization else ()
+    drop = credential.drop
     out = _copy(headers, (*drop, "content-encoding") if body_decoded else drop)
-    if upstream_authorization:
-        out["Authorization"] = upstream_authorization
+    for name, value in credential.add:
+        out[name] = value
     return out
 
 

@@ -1,6 +1,6 @@
 """How the request ledger plugs into the app: its store, the pipeline step that hands every
-``/v1/responses`` request to the recorder once it is over, and the handle the ``/ui`` pages
-read."""
+model request (Responses, Messages, Chat Completions) to the recorder once it is over, and
+the handle the ``/ui`` pages read."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ctxproxy.ledger.recorder import Recorder
 from ctxproxy.ledger.stores import make_ledger
 from ctxproxy.proxy.app import CLOCK, METRICS, SETTINGS
 from ctxproxy.request import Access, End, Sent, Step
+from ctxproxy.request.protocol import RESPONSES
 
 __all__ = ["LEDGER", "LedgerSide", "LedgerStep", "install", "step"]
 
@@ -153,7 +154,7 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
         outputs_masked=(notes.outputs_masked or 0) if notes is not None else 0,
         memory_ids=(notes.memory_ids or ()) if notes is not None else (),
         knowledge=bool(notes is not None and notes.knowledge_assets),
-        degraded=tuple(degraded), ttfb_ms=info.ttfb_ms,
+        degraded=tuple(degraded), ttfb_ms=info.ttfb_ms, protocol=sent.protocol,
     )
     forwarded = None if sent.forwarded is sent.raw else sent.forwarded
     parsed = _bodies(sent, forwarded) if bodies else None
@@ -163,7 +164,10 @@ def pending(app: web.Application, sent: Sent, info: Access, status: int, *,
 
 
 def _bodies(sent: Sent, forwarded: bytes | None) -> Bodies | None:
-    """The bodies the proxy parsed, when it has both (else the recorder parses the bytes)."""
+    """The bodies the proxy parsed, when it has both (else the recorder parses the bytes).
+    A Messages request's parse is the steps' view, not its prompt: counted from its bytes."""
+    if sent.exchange is not None and sent.exchange.protocol is not RESPONSES:
+        return None
     if sent.client_body is None or (forwarded is not None and sent.forwarded_body is None):
         return None
     size = len(sent.raw) + (len(forwarded) if forwarded is not None else 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from ctxproxy.memory.recall import Recaller, Weights
 from ctxproxy.memory.step import MemoryStep
 from ctxproxy.memory.stores import make_store
 from ctxproxy.memory.working import Working
-from ctxproxy.proxy.app import METRICS, SETTINGS
+from ctxproxy.proxy.app import METRICS, READY_CHECKS, SETTINGS
 from ctxproxy.request import Step
 
 __all__ = ["MEMORY", "Runtime", "install", "step"]
@@ -46,6 +47,8 @@ class Runtime:
 
 MEMORY = web.AppKey("memory", Runtime)
 REOPEN_S = 30.0
+PROBE_EVERY_S = 1.0
+PROBE_TIMEOUT_S = 2.0
 MIB = 1024 * 1024
 
 log = logging.getLogger("ctxproxy.memory")
@@ -78,6 +81,29 @@ async def _keep_opening(store: Store, health: Health) -> None:
             continue
         health.ok("store")
         return
+
+
+class StoreProbe:
+    """Whether the store answers a primary-key read, asked at most once a PROBE_EVERY_S:
+    /readyz takes no credential, and its callers must not become load on the database."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = asyncio.Lock()
+        self._at = -PROBE_EVERY_S
+        self._ok = True
+
+    async def __call__(self) -> bool:
+        async with self._lock:
+            if time.monotonic() - self._at >= PROBE_EVERY_S:
+                try:
+                    await asyncio.wait_for(self._store.get("ctxproxy-ready-probe"),
+                                           PROBE_TIMEOUT_S)
+                    self._ok = True
+                except (StoreError, TimeoutError):
+                    self._ok = False
+                self._at = time.monotonic()
+            return self._ok
 
 
 def _count_embedded(counter: Counter) -> Callable[[int, int], None]:
@@ -160,6 +186,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
     if indexer is not None:
         indexer.start()
     app[MEMORY] = Runtime(store, queue, distiller, memory_step, health, pool, reopen, indexer)
+    app[READY_CHECKS]["memory store"] = StoreProbe(store)
     try:
         yield
     finally:

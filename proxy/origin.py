@@ -129,7 +129,7 @@ class Gate:
 
 def _is_api(request: web.Request) -> bool:
     path = request.path
-    return path in ("/v1", "/responses") or path.startswith("/v1/")
+    return path in ("/v1", "/responses", "/chat/completions") or path.startswith("/v1/")
 
 
 def gate(settings: Settings, *, client_keys: bool) -> Middleware:

@@ -2,8 +2,9 @@
 
 Every forwarded request carries ``UPSTREAM_API_KEY``, which all client keys share: at the
 provider, one key's files and stored responses are every key's. So under client keys only what
-an agent needs goes through (``GET /v1/models``, one model), plus what ``CTXPROXY_PASSTHROUGH``
-lists; without client keys (the one-user sidecar) every route is forwarded.
+an agent needs goes through (``GET /v1/models``, one model, Anthropic's token count), plus
+what ``CTXPROXY_PASSTHROUGH`` lists; without client keys (the one-user sidecar) every route
+is forwarded.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from aiohttp import web
 
 from ctxproxy.config import Settings
 from ctxproxy.proxy.errors import error_response
+from ctxproxy.request.protocol import RESPONSES, Protocol
 
 __all__ = ["ROUTES", "Routes", "refusal", "upstream_path"]
 
-AGENT_ROUTES = ("GET /v1/models", "GET /v1/models/*")
+# Claude Code counts tokens (stateless at the provider: nothing one key leaves for another).
+AGENT_ROUTES = ("GET /v1/models", "GET /v1/models/*", "POST /v1/messages/count_tokens")
 ANY = "*"
 
 
@@ -67,8 +70,9 @@ class Routes:
 ROUTES = web.AppKey("passthrough_routes", Routes)
 
 
-def refusal() -> web.Response:
-    """What a route that is not forwarded gets (OpenAI-shaped; the path is not quoted)."""
+def refusal(protocol: Protocol = RESPONSES) -> web.Response:
+    """What a route that is not forwarded gets (in the client protocol's shape; the path is
+    not quoted)."""
     return error_response(
         403, "this route is not forwarded under client keys (CTXPROXY_PASSTHROUGH lists the "
-        "ones that are)", "invalid_request_error", "route_not_forwarded")
+        "ones that are)", "invalid_request_error", "route_not_forwarded", protocol)

@@ -10,7 +10,7 @@ import re2
 
 from ctxproxy.proxy.bodies import StreamDecoder
 
-__all__ = ["MAX_EVENT", "BodyTap", "UsageTap", "parse_events"]
+__all__ = ["MAX_EVENT", "BodyTap", "EventsTap", "UsageTap", "parse_events"]
 
 _COMPLETED = b"response.completed"
 # An event ends at a blank line: "\n\n", or "\r\n\r\n", whose tail is "\n\r\n". One
@@ -140,6 +140,37 @@ class UsageTap:
         """input/cached/output tokens (and cache_write_tokens when reported) of the
         completed response, or None."""
         return _usage(self._response())
+
+
+class EventsTap:
+    """Reads every event of a stream whose events are small (Messages, Chat Completions):
+    each event's ``data`` goes to ``read``. An event over ``MAX_EVENT`` is relayed unread
+    (``skipped``)."""
+
+    def __init__(self, content_encoding: str | None = None) -> None:
+        self._pending = bytearray()
+        self._decoder = StreamDecoder(content_encoding) if content_encoding else None
+        self.skipped = 0
+        self.size = 0
+
+    def feed(self, chunk: bytes) -> None:
+        pieces = [chunk] if self._decoder is None else self._decoder.decode(chunk)
+        for piece in pieces:
+            self._pending += piece.replace(b"\r\n", b"\n")
+            end = self._pending.rfind(b"\n\n")
+            if end < 0:
+                if len(self._pending) > MAX_EVENT:
+                    self.skipped += 1
+                    self._pending.clear()
+                continue
+            whole = bytes(self._pending[: end + 2])
+            del self._pending[: end + 2]
+            self.size += len(whole)
+            for event in parse_events(whole):
+                self.read(event.get("data"))
+
+    def read(self, data: Any) -> None:
+        """One event's data: parsed JSON, or the text that was not JSON."""
 
 
 class BodyTap:

@@ -8,50 +8,29 @@ from typing import Any
 
 import orjson
 
-from ctxproxy.proxy.bodies import StreamDecoder
-from ctxproxy.proxy.sse import MAX_EVENT, BodyTap, parse_events
+from ctxproxy.proxy.sse import BodyTap, EventsTap
 from ctxproxy.request.protocol import MESSAGES
 
 __all__ = ["MessagesBodyTap", "MessagesTap"]
 
 
-class MessagesTap:
+class MessagesTap(EventsTap):
     """Rebuilds a Messages stream's message (its usage and content blocks) from its events.
 
     Every event is read: a Messages stream's events are small, and what memory keeps of the
-    answer (its text and tool calls) is in the deltas. An event over ``MAX_EVENT`` is relayed
-    unread (``skipped``)."""
+    answer (its text and tool calls) is in the deltas."""
 
     def __init__(self, content_encoding: str | None = None) -> None:
-        self._pending = bytearray()
-        self._decoder = StreamDecoder(content_encoding) if content_encoding else None
-        self.skipped = 0
-        self.size = 0
+        super().__init__(content_encoding)
         self._message: dict[str, Any] | None = None
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
         self._usage: dict[str, Any] = {}
         self._stopped = False
 
-    def feed(self, chunk: bytes) -> None:
-        pieces = [chunk] if self._decoder is None else self._decoder.decode(chunk)
-        for piece in pieces:
-            self._pending += piece.replace(b"\r\n", b"\n")
-            end = self._pending.rfind(b"\n\n")
-            if end < 0:
-                if len(self._pending) > MAX_EVENT:
-                    self.skipped += 1
-                    self._pending.clear()
-                continue
-            whole = bytes(self._pending[: end + 2])
-            del self._pending[: end + 2]
-            self.size += len(whole)
-            for event in parse_events(whole):
-                data = event.get("data")
-                if isinstance(data, dict):
-                    self._read(data)
-
-    def _read(self, data: dict[str, Any]) -> None:
+    def read(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
         kind = data.get("type")
         if kind == "message_start" and isinstance(data.get("message"), dict):
             self._message = data["message"]

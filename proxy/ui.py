@@ -216,9 +216,9 @@ async def session(request: web.Request) -> web.Response:
         f"<p>Session <code>{escape(name)}</code>: {len(records)} requests, "
         f"{when(records[0].at)} to {when(records[-1].at)}.</p>"
         + cards(whole) + "<h2>Tokens per request</h2>" + plot
-        + table(["#", "time", "model", "turns", "sent", "forwarded", "cached", "written",
-                 "direct cached", "cut", "masked", "recalled", "knowledge", "degraded",
-                 "first byte"],
+        + table(["#", "time", "model", "protocol", "turns", "sent", "forwarded", "cached",
+                 "written", "direct cached", "cut", "masked", "recalled", "knowledge",
+                 "degraded", "first byte"],
                 [_timeline_cells(i, r) for i, r in enumerate(records, 1)], ident="timeline")
         + note()
     )
@@ -233,7 +233,8 @@ def _timeline_cells(i: int, r: Record) -> list[str]:
     direct = percent((r.direct_cached or 0) / r.direct_input) if r.direct_input else "-"
     recalled = " ".join(memory_link(m, short=True) for m in r.memory_ids) or "-"
     return [
-        str(i), when(r.at)[11:19], escape(r.model), turns, _opt(r.client_tokens),
+        str(i), when(r.at)[11:19], escape(r.model), escape(r.protocol) or "-", turns,
+        _opt(r.client_tokens),
         _opt(r.forwarded_tokens), cached, written, direct, str(r.items_cut), str(r.outputs_masked),
         recalled, "yes" if r.knowledge else "-", escape(", ".join(r.degraded)) or "-",
         f"{r.ttfb_ms:.0f} ms" if r.ttfb_ms is not None else "-",

@@ -124,7 +124,7 @@ class Notes:
 
 # What a step may change, as it was before the step ran.
 Checkpoint = tuple[
-    dict[str, Any], list[Item], int, list[int], frozenset[int], Item | None, bool, Notes
+    dict[str, Any], list[Item], int, list[int], frozenset[int], tuple[Item, ...], bool, Notes
 ]
 
 
@@ -136,9 +136,10 @@ class Exchange:
     A step replaces ``body`` (or its keys) with new values, never mutates a list or an item
     in place, and records what it did: ``cut`` and ``first_turn`` (the window), ``starts``
     (where the forwarded turns' prompts stand in ``body["input"]``), ``masked_turns``, and
-    ``stable_block``: the last message a step put before the first forwarded turn that keeps
-    its bytes until the next cut (the cut digest, then the standing memory block), so that a
-    cache breakpoint can mark it.
+    ``stable_blocks``: the messages steps put before the first forwarded turn that keep their
+    bytes until the next cut (the cut digest, then the standing memory block), in input order,
+    so that a cache breakpoint can mark the last (a Messages body carries them at the end of
+    ``system`` instead: ``request.protocol.Messages``).
     """
 
     raw: bytes
@@ -149,7 +150,7 @@ class Exchange:
     first_turn: int = 0  # the history's first turn that is forwarded
     starts: list[int] = field(default_factory=list)
     masked_turns: frozenset[int] = frozenset()  # turns (history numbering) with masked outputs
-    stable_block: Item | None = None
+    stable_blocks: tuple[Item, ...] = ()
     changed: bool = False
     notes: Notes = field(default_factory=Notes)
     # The steps' own state for this request, by their ``request.phases.Slot`` (a step's
@@ -228,26 +229,28 @@ class Exchange:
         self.first_turn = 0
         self.starts = list(self.history.starts)
         self.masked_turns = frozenset()
-        self.stable_block = None
+        self.stable_blocks = ()
         self.notes.outputs_masked = self.notes.cut_digest_chars = None
         self.changed = True
         return True
 
     def checkpoint(self) -> Checkpoint:
         return (dict(self.body), self.cut, self.first_turn, self.starts, self.masked_turns,
-                self.stable_block, self.changed, replace(self.notes))
+                self.stable_blocks, self.changed, replace(self.notes))
 
     def restore(self, saved: Checkpoint) -> None:
         (self.body, self.cut, self.first_turn, self.starts, self.masked_turns,
-         self.stable_block, self.changed, self.notes) = saved
+         self.stable_blocks, self.changed, self.notes) = saved
 
     def serialise(self) -> bytes:
         """The bytes to forward: the client's own when no step changed anything."""
         if not self.changed:
             return self.raw
-        if has_lossy_number(self.body):
-            raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
+        # Checked on the body written back: a protocol's messages hold fields its items leave
+        # out (a Chat message's own keys), and those go out as the client sent them.
         body = self.body if self.protocol is RESPONSES else self.protocol.write_back(self)
+        if has_lossy_number(body):
+            raise NotAResponsesRequest("an integer beyond 64 bits would lose precision")
         try:
             return orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes

@@ -13,9 +13,13 @@ Each item remembers the message and blocks it came from: writing back, a message
 all came through unchanged is the client's own object, a message the window cut into is its
 kept blocks, as they were; an item a step changed (a masked output) is its block with the new
 content; a message a step added (memory, the cut digest) is a user message of text. What
-steps append to ``instructions`` (knowledge, memory blocks) is a text block at the end of
-``system``. Then the cache marks are set (``marks``). What Claude Code 2.1.328 sends:
-``tests/fixtures/claude_code/README.md``.
+steps append to ``instructions`` (the knowledge block) is a text block at the end of
+``system``; the messages steps put before the first forwarded turn that keep their bytes
+until the next cut (the cut digest, the standing memory) are one more text block after it
+(``request.protocol.Messages.write_back``): there a cut changes the prompt from that block on,
+and the client's system and the knowledge block before it stay cached. A turn's recall stays a
+user message before its prompt. Then the cache marks are set (``marks``). What Claude Code
+2.1.328 sends: ``tests/fixtures/claude_code/``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import orjson
 
 from ctxproxy.request.items import Item, message_text
 
-__all__ = ["MAX_MARKS", "REMINDER", "MessagesView", "output_items", "parse", "write_back"]
+__all__ = ["MAX_MARKS", "REMINDER", "MessagesView", "is_messages_body", "mark_count",
+           "output_items", "parse", "write_back"]
 
 REMINDER = "<system-reminder>"
 MAX_MARKS = 4  # cache_control breakpoints a request may carry
@@ -154,6 +159,20 @@ def parse(body: dict[str, Any]) -> tuple[list[Item], MessagesView]:
     return items, view
 
 
+def is_messages_body(body: Any) -> bool:
+    """Whether a parsed JSON body is a Messages request (not a Responses one)."""
+    return isinstance(body, dict) and isinstance(body.get("messages"), list) and (
+        "input" not in body)
+
+
+def mark_count(body: dict[str, Any]) -> int:
+    """The cache marks a Messages body carries (in ``system`` and in its messages)."""
+    holders = [body.get("system"), *(m.get("content") for m in body.get("messages") or []
+                                     if isinstance(m, dict))]
+    return sum(1 for content in holders if isinstance(content, list)
+               for block in content if isinstance(block, dict) and MARK in block)
+
+
 def output_items(content: Any) -> list[Item]:
     """An answer's content blocks as output items (what memory keeps of an answer)."""
     if not isinstance(content, list):
@@ -261,22 +280,28 @@ def _markable(block: Any) -> bool:
     return key is not None and bool(block.get(key))
 
 
-def _last_markable(content: Any) -> int | None:
+def _last_markable(content: Any, upto: int | None = None) -> int | None:
     if not isinstance(content, list):
         return None
-    for b in range(len(content) - 1, -1, -1):
+    last = len(content) - 1 if upto is None else min(upto, len(content) - 1)
+    for b in range(last, -1, -1):
         if _markable(content[b]):
             return b
     return None
 
 
+# Where a mark is wanted: a message's position (-1: ``system``), and the block it goes on or
+# the last markable one before it (None: the message's last markable block).
+Place = tuple[int, int | None]
+
+
 def marks(
-    system: Any, messages: list[Any], wanted: Sequence[int | None],
+    system: Any, messages: list[Any], wanted: Sequence[Place | None],
 ) -> tuple[Any, list[Any]]:
     """``system`` and ``messages`` with a valid set of cache marks: the client's newest mark
-    kept, then a mark on the last markable block of each message in ``wanted`` (-1: the end
-    of ``system``), most wanted first, then the client's other marks newest first, never
-    more than MAX_MARKS and none on an empty block. Only the blocks that change are copied.
+    kept, then a mark at each place in ``wanted``, most wanted first, then the client's other
+    marks newest first, never more than MAX_MARKS and none on an empty block. Only the
+    blocks that change are copied.
     """
     own: list[tuple[int, int]] = []  # (message, block); message -1: system
     places = [(-1, system), *enumerate(messages)]
@@ -296,12 +321,12 @@ def marks(
     for want in wanted:
         if want is None or len(keep) >= MAX_MARKS:
             continue
-        m = want
+        m, upto = want
         message = messages[m] if m >= 0 else None
         if isinstance(message, dict) and isinstance(message.get("content"), str) and (
                 message["content"]):  # a string's end is marked as its one text block
             messages[m] = {**message, "content": [_text_block(message["content"])]}
-        at = _last_markable(_content(system, messages, m))
+        at = _last_markable(_content(system, messages, m), upto)
         if at is not None and (m, at) not in keep:
             keep.append((m, at))
     for place in reversed(own):

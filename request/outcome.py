@@ -50,7 +50,7 @@ _ACCESS_FIELDS = tuple(f.name for f in dataclass_fields(Access) if f.name != "no
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """A ``/v1/responses`` request as it went upstream (the ledger counts its tokens)."""
+    """A request of a client protocol as it went upstream (the ledger counts its tokens)."""
 
     at: float  # when it arrived, by the app's clock
     raw: bytes  # the client's body
@@ -61,11 +61,12 @@ class Sent:
     # or forwarded as the client's bytes).
     client_body: dict[str, Any] | None = None
     forwarded_body: dict[str, Any] | None = None
+    protocol: str = "responses"  # the client protocol's name (request.protocol.PROTOCOLS)
 
 
 @dataclass(frozen=True, slots=True)
 class End:
-    """A ``/v1/responses`` request once it is over (answered, refused, broken, or its client
+    """A model request (of any protocol) once it is over (answered, refused, broken, or its client
     gone), after its access-log line: what the pipeline's end phase hands each step."""
 
     exchange: Exchange | None  # None: its body was never parsed (forwarded as sent, unread)

@@ -2,8 +2,8 @@
 the items every step reads (``parse``), written back (``write_back``), which session it
 belongs to, how its errors look, and how its answer reports usage and output.
 
-OpenAI Responses (Codex) and Anthropic Messages (Claude Code) today; Chat Completions would
-be a third object of the same shape.
+OpenAI Responses (Codex), Anthropic Messages (Claude Code) and OpenAI Chat Completions
+(opencode, Aider, Continue, Cline, Goose).
 """
 
 from __future__ import annotations
@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ctxproxy.request import chat as chat_
 from ctxproxy.request import messages as messages_
-from ctxproxy.request.items import Item, prompt_message
+from ctxproxy.request.items import Item, message_text, prompt_message
 
 if TYPE_CHECKING:
     from ctxproxy.request.exchange import Exchange
 
-__all__ = ["MESSAGES", "RESPONSES", "Messages", "Protocol", "Responses"]
+__all__ = [
+    "CHAT", "MESSAGES", "PROTOCOLS", "RESPONSES", "Chat", "Messages", "Protocol", "Responses",
+]
+
+PINNED_SEPARATOR = "\n\n"  # between the digest and the standing memory in their one block
 
 
 class Protocol:
@@ -30,6 +35,12 @@ class Protocol:
     # The provider caches a prompt only at the client's cache marks (Anthropic's
     # cache_control): the window prices a cut as for BREAKPOINT_MODELS.
     caches_at_marks = False
+    # Cache breakpoints may be marked on the items themselves (``injectors.breakpoints``, for
+    # BREAKPOINT_MODELS): only where the protocol's items carry them as the Responses API's do.
+    item_marks = True
+    # The blocks the proxy pins until the next cut (the digest, the standing memory) go
+    # before the client's own context: a cut makes that context cold too.
+    blocks_before_context = False
     # The body's key for the items every step reads, in the body the steps see.
     items_key = "input"
 
@@ -45,6 +56,22 @@ class Protocol:
     def write_back(self, ex: Exchange) -> dict[str, Any]:
         """The body to forward, in this protocol's shape."""
         return ex.body
+
+    def seen(self, body: Any) -> Any:
+        """A body of this protocol as the steps see it (Responses-shaped), for what reads
+        bodies after the fact (the ledger's counts, ``explain``); a body it cannot read,
+        as it is."""
+        if not isinstance(body, dict):
+            return body
+        try:
+            return self.parse(body)[0]
+        except (TypeError, ValueError):
+            return body
+
+    def counted(self, body: Any) -> Any:
+        """A body of this protocol as the ledger counts its prompt (``ledger.counterfactual``
+        reads Responses bodies and Anthropic Messages ones, each in its provider's order)."""
+        return self.seen(body)
 
     def session(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
         cache_key = body.get("prompt_cache_key")
@@ -72,6 +99,11 @@ class Messages(Protocol):
 
     name = "messages"
     caches_at_marks = True
+    item_marks = False  # its own marks (cache_control): set as the body is written back
+    blocks_before_context = True  # at the end of system; Claude Code's context is in messages
+
+    def counted(self, body: Any) -> Any:
+        return body  # tools, each system block, each message: Anthropic's order
 
     def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
         items, view = messages_.parse(body)
@@ -81,8 +113,12 @@ class Messages(Protocol):
         return seen, items, view
 
     def write_back(self, ex: Exchange) -> dict[str, Any]:
-        """The Messages body: the items as messages, ``instructions`` at the end of ``system``,
-        and after a cut (or a block the proxy pins before the first turn) the cache marks."""
+        """The Messages body: the items as messages; at the end of ``system`` what steps
+        appended to ``instructions``, then the blocks pinned until the next cut (the cut
+        digest, the standing memory) as one text block; after a cut, or with such a block,
+        the cache marks: at the end of the stable context (the client's system and the
+        knowledge block), after the pinned block, and at the end of the client's context in
+        ``messages``."""
         view = ex.view
         assert isinstance(view, messages_.MessagesView)
         items = ex.items or []
@@ -91,12 +127,22 @@ class Messages(Protocol):
         # forwarded prompt (the window pins context wherever it stood).
         head_end = next((items[i] for i in range(first - 1, -1, -1)
                          if id(items[i]) in view.origins), None)
-        messages, (head_at, stable_at) = messages_.write_back(
-            view, items, (head_end, ex.stable_block))
+        pinned = {id(block) for block in ex.stable_blocks}
+        messages, (head_at,) = messages_.write_back(
+            view, [item for item in items if id(item) not in pinned], (head_end,))
         system = messages_.system_blocks(ex.body.get("system"), ex.body.get("instructions"))
-        if ex.first_turn or stable_at is not None:
-            system, messages = messages_.marks(
-                system, messages, [head_at if head_at is not None else -1, stable_at])
+        pinned_text = PINNED_SEPARATOR.join(
+            text for block in ex.stable_blocks if (text := message_text(block)))
+        system = messages_.system_blocks(system, pinned_text)
+        # The stable context ends right before the pinned block (one block, appended last).
+        stable_end = len(system) - 2 if pinned_text and isinstance(system, list) else None
+        if ex.first_turn or pinned_text:
+            wanted: list[messages_.Place | None] = [
+                (-1, stable_end if pinned_text else None),
+                (-1, None) if pinned_text else None,
+                (head_at, None) if head_at is not None else None,
+            ]
+            system, messages = messages_.marks(system, messages, wanted)
         out: dict[str, Any] = {}
         for key, value in ex.body.items():
             if key == "input":
@@ -147,6 +193,53 @@ class Messages(Protocol):
         return messages_.output_items(content) if isinstance(content, list) else None
 
 
+class Chat(Protocol):
+    """OpenAI Chat Completions (``request.chat``): errors in OpenAI's shape, as Responses'."""
+
+    name = "chat"
+    # A Chat message has no place for a breakpoint mark: whatever caching the provider does
+    # is its own, by prefix.
+    item_marks = False
+
+    def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
+        items, view = chat_.parse(body)
+        # ``messages`` becomes ``input`` where it stands: written back, the keys keep their order.
+        seen = {("input" if k == "messages" else k): (items if k == "messages" else v)
+                for k, v in body.items()}
+        return seen, items, view
+
+    def write_back(self, ex: Exchange) -> dict[str, Any]:
+        """The Chat body: the items as messages, ``instructions`` at the end of the system
+        message."""
+        view = ex.view
+        assert isinstance(view, chat_.ChatView)
+        messages = chat_.system_with(chat_.write_back(view, ex.items or []),
+                                     ex.body.get("instructions"))
+        return {("messages" if key == "input" else key): (messages if key == "input" else value)
+                for key, value in ex.body.items() if key != "instructions"}
+
+    def session(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        """A ``session-id`` or ``x-session-id`` header, else the body's ``prompt_cache_key``."""
+        return headers.get("x-session-id") or super().session(headers, body)
+
+    def usage(self, answer: dict[str, Any] | None) -> dict[str, int] | None:
+        """A Chat usage the Responses way: ``prompt_tokens`` hold the cached ones."""
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+        return {"input_tokens": _int(usage.get("prompt_tokens")), "cached_tokens": _int(cached),
+                "output_tokens": _int(usage.get("completion_tokens"))}
+
+    def output(self, answer: dict[str, Any] | None) -> list[Item] | None:
+        """The first choice's message as output items (what memory keeps of an answer)."""
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        return chat_.answer_items(choices[0].get("message"))
+
+
 # The proxy's own error codes as Anthropic's error types.
 _ERROR_TYPES = {
     "request_too_large": "request_too_large", "invalid_api_key": "authentication_error",
@@ -165,3 +258,5 @@ def _int(value: object) -> int:
 
 RESPONSES = Responses()
 MESSAGES = Messages()
+CHAT = Chat()
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (RESPONSES, MESSAGES, CHAT)}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -7,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from ctxproxy.config import Settings, load_settings
+from ctxproxy.ledger import Record
 from ctxproxy.proxy.assemble import build_app
+from ctxproxy.proxy.ledger_wiring import LEDGER
+from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.server import Running, free_port, serve
 from tests.fakes.upstream import FakeUpstream
 
@@ -50,6 +55,16 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
     fake = FakeUpstream()
     running = await serve(fake.app())
     fake.url = running.url  # type: ignore[attr-defined]
+    yield fake
+    await running.close()
+
+
+@pytest.fixture
+async def anthropic() -> AsyncIterator[FakeAnthropic]:
+    """A fake Anthropic Messages upstream (pass its ``url`` as ``anthropic_url``)."""
+    fake = FakeAnthropic()
+    running = await serve(fake.app())
+    fake.url = running.url
     yield fake
     await running.close()
 
@@ -104,3 +119,17 @@ async def start_proxy(
     yield start
     for running in started:
         await running.close()
+
+
+async def ledger_rows(app: web.Application, session: str, count: int) -> list[Record]:
+    """The session's ledger rows, once ``count`` have been written (the row of a request is
+    handed over after its answer's last byte)."""
+    side = app[LEDGER]
+    assert side.recorder is not None and side.ledger is not None
+    for _ in range(100):
+        await side.recorder.join()
+        rows = await side.ledger.timeline(session)
+        if len(rows) >= count:
+            return rows
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{len(rows)} rows of {count}")

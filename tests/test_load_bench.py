@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.typedefs import Handler
 
 from bench import load
 from bench.harness import load_client
@@ -123,3 +125,29 @@ def test_the_measured_run_is_reported_by_when_its_requests_began() -> None:
     run = Run(seconds=25.0, ttfb=[0.5, 0.01, 0.02, 0.03], started=[100.0, 109.9, 110.0, 124.9],
               began=100.0)
     assert load.by_window(run, 10.0) == [[0.5, 0.01], [0.02], [0.03]]
+
+
+
+async def test_with_replicas_each_request_of_a_user_goes_to_the_next_replica() -> None:
+    """bench.load --replicas: round robin per request, as a load balancer without affinity."""
+    seen: list[int] = []
+    apps = [create_app() for _ in range(2)]
+    for n, app in enumerate(apps):
+        @web.middleware
+        async def count(request: web.Request, handler: Handler, n: int = n) -> web.StreamResponse:
+            seen.append(n)
+            return await handler(request)
+
+        app.middlewares.append(count)
+    clients = [TestClient(TestServer(app)) for app in apps]
+    for client in clients:
+        await client.start_server()
+    try:
+        urls = [str(client.make_url("/v1/responses")) for client in clients]
+        _, run = await load_client.drive(urls, 1, 1.0, [Script.make(5, 4)], 0.0, seed=1)
+    finally:
+        for client in clients:
+            await client.close()
+
+    assert run.ok >= 4 and not run.errors
+    assert seen[:6] == [0, 1, 0, 1, 0, 1]

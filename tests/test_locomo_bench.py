@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import locomo
+from bench import locomo, locomo_data
 
 SESSIONS = {
     "session_1_date_time": "1:00 pm on 3 March, 2023",
@@ -61,7 +61,7 @@ def rows(out: str) -> dict[str, list[str]]:
 
 
 def test_sessions_replay_in_date_order_packed_within_the_message_bound(tmp_path: Path) -> None:
-    conv = locomo.load(write_data(tmp_path), [0])[0]
+    conv = locomo_data.load(write_data(tmp_path), [0])[0]
     assert [s.number for s in conv.sessions] == [1, 2]
     assert conv.questions[1].evidence == ("D2:4", "D9:99")
     messages = locomo.pack(conv.sessions[0], per=2)

@@ -118,7 +118,10 @@ class CostPolicy:
     end of the agent's context), a cut leaves the prefix P warm: what it makes cold is the
     kept older turns and the blocks the cut puts before them (the digest of the cut turns,
     at most ``digest_tokens`` and never more than half of what it cut, and the standing
-    memory block, ``standing_tokens``).
+    memory block, ``standing_tokens``). With ``head_cold`` as well, the context P's own items
+    (before the first turn) stand after those blocks and are written again at each cut:
+    in an Anthropic Messages body the blocks end ``system`` and the client's context (Claude
+    Code's reminders) opens ``messages``; only what is outside the input stays warm.
 
     The decision is replayed from the first turn boundary on, each time from what the
     history held at that boundary: appending to a history never moves an earlier cut, so
@@ -134,6 +137,7 @@ class CostPolicy:
     breakpoints: bool = False
     digest_tokens: int = 0
     standing_tokens: int = 0
+    head_cold: bool = False
 
     def first_kept(self, history: History, outside_tokens: int) -> tuple[int, int]:
         """The first turn to forward, and the turn that was the newest when that cut was
@@ -149,14 +153,19 @@ class CostPolicy:
         shape = Shape.of(history)
         ends = list(itertools.accumulate(shape.tokens, initial=0))  # ends[i]: before turn i
         head = history.items[: history.starts[0]]  # the context before the first turn
-        prefix = outside_tokens + len(orjson.dumps(head)) // 4
-        cut, at = _replay(self, prefix, tuple(ends[:n]), tuple(shape.calls[: n - 1]))
+        head_tokens = len(orjson.dumps(head)) // 4
+        prefix = outside_tokens + head_tokens
+        cut, at = _replay(self, prefix, tuple(ends[:n]), tuple(shape.calls[: n - 1]),
+                          head_tokens)
         moved = self._fit(cut, n - 1, ends[n], ends, prefix)
         return (moved, n - 1) if moved != cut else (cut, at)
 
-    def replay(self, prefix: int, ends: tuple[int, ...], calls: tuple[int, ...]) -> tuple[int, int]:
+    def replay(
+        self, prefix: int, ends: tuple[int, ...], calls: tuple[int, ...], head: int = 0,
+    ) -> tuple[int, int]:
         """The cut and the turn it was made at after the last boundary ``ends`` reaches: what
-        the completed turns decide (the newest turn's own size aside)."""
+        the completed turns decide (the newest turn's own size aside). ``head``: the
+        context's own tokens, part of ``prefix``."""
         cut = at = made = 0
         for b in range(1, len(ends)):
             moved = self._fit(cut, b - 1, ends[b], ends, prefix)  # while b-1 was the newest
@@ -164,7 +173,7 @@ class CostPolicy:
                 cut, at = moved, b - 1
             made += calls[b - 1]
             per_turn = max(made / b, 1.0)
-            moved = self._decide(cut, b, ends, prefix, per_turn)
+            moved = self._decide(cut, b, ends, prefix, per_turn, head)
             if moved != cut:
                 cut, at = moved, b
         return cut, at
@@ -179,7 +188,8 @@ class CostPolicy:
         return cut
 
     def _decide(
-        self, cut: int, b: int, ends: Sequence[int], prefix: int, per_turn: float
+        self, cut: int, b: int, ends: Sequence[int], prefix: int, per_turn: float,
+        head: int = 0,
     ) -> int:
         """The cut at the boundary where turn ``b`` starts (turns before it complete)."""
         forced = max(cut, b + 1 - self.max_turns)  # keep at most max_turns, the newest in
@@ -192,22 +202,24 @@ class CostPolicy:
             kept = ends[b] - ends[new]  # the older turns kept: read cold once
             horizon = per_turn * (self.max_turns - (b - new))  # requests until full again
             gain = self.cached * removed * horizon - (self.write - self.cached) * (
-                self._cold(prefix, kept, removed))
+                self._cold(prefix, kept, removed, head))
             if gain > best_gain:
                 best, best_gain = new, gain
         return best
 
-    def _cold(self, prefix: int, kept: int, removed: int) -> int:
+    def _cold(self, prefix: int, kept: int, removed: int, head: int = 0) -> int:
         """The tokens a cut makes cold once (written again)."""
         if not self.breakpoints:
             return prefix + kept
-        return kept + min(self.digest_tokens, removed // 2) + self.standing_tokens
+        blocks = min(self.digest_tokens, removed // 2) + self.standing_tokens
+        # The context after the blocks is cold only when there are blocks before it.
+        return kept + blocks + (head if self.head_cold and blocks else 0)
 
 
 # The replay over the completed turns is a pure function of them: every request of a turn's
 # tool loop (the same completed turns, a longer newest one) finds it here.
 @functools.lru_cache(maxsize=4096)
 def _replay(
-    policy: CostPolicy, prefix: int, ends: tuple[int, ...], calls: tuple[int, ...]
+    policy: CostPolicy, prefix: int, ends: tuple[int, ...], calls: tuple[int, ...], head: int,
 ) -> tuple[int, int]:
-    return policy.replay(prefix, ends, calls)
+    return policy.replay(prefix, ends, calls, head)

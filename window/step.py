@@ -52,6 +52,9 @@ class WindowStep:
         self.policy = policy
         # The cost policy of the models that cache only at breakpoints (None: ``policy``).
         self.breakpoint_policy = breakpoint_policy
+        # ... for a protocol whose pinned blocks stand before the client's context (Messages).
+        self.blocks_first_policy = None if breakpoint_policy is None else replace(
+            breakpoint_policy, head_cold=True)
         self.follows_breakpoints = follows_breakpoints
         self.digests = Digests(digest_chars) if digest_chars else None
         self.archive = archive
@@ -89,9 +92,12 @@ class WindowStep:
         """The first turn to forward, and the turn that was newest when that cut was made."""
         history = ex.history
         policy = self.policy
-        if self.breakpoint_policy is not None and (
-                ex.protocol.caches_at_marks or self.follows_breakpoints(ex.body.get("model"))):
-            policy = self.breakpoint_policy
+        # Priced by breakpoints where they are marked: the protocol's own (Messages), or the
+        # items' for a model that caches only there (never on Chat: no marks are placed).
+        if self.breakpoint_policy is not None and (ex.protocol.caches_at_marks or (
+                ex.protocol.item_marks and self.follows_breakpoints(ex.body.get("model")))):
+            policy = (self.blocks_first_policy if ex.protocol.blocks_before_context
+                      else self.breakpoint_policy)
         if policy is not None:
             outside = {k: v for k, v in ex.body.items() if k != "input"}
             return policy.first_kept(history, len(orjson.dumps(outside)) // 4)
@@ -129,7 +135,7 @@ class WindowStep:
                 kept.insert(at, digest)
                 starts = [s + 1 for s in starts]
                 ex.notes.cut_digest_chars = len(digest["content"][0]["text"])
-                ex.stable_block = digest
+                ex.stable_blocks = (digest,)
         ex.body = {**ex.body, "input": kept}
         ex.cut = cut.removed
         ex.first_turn = drop

@@ -223,7 +223,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
         run.started.append(began)
 
 
-async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
+async def drive(url: str | Sequence[str], users: int, seconds: float, scripts: Sequence[Script],
                 pace_ms: float, seed: int, *, jitter: float = 0.0, warmup: float = 0.0,
                 measuring: Callable[[], None] = lambda: None,
                 answers: str = "script", first_byte_ms: float = 0.0) -> tuple[Run, Run]:
@@ -231,7 +231,10 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
     request started in time is finished and counted: in the first Run when it started in
     the warm-up, else in the second. The same users go on from the warm-up into the
     measurement (``measuring`` is called between the two), so what is measured is a steady
-    state, not every session arriving at once."""
+    state, not every session arriving at once. With several ``url``s (replicas), each
+    request of a user goes to the next one in turn, as a load balancer without affinity
+    sends them."""
+    urls = [url] if isinstance(url, str) else list(url)
     warm, run = Run(), Run()
     fixed = b"".join(answer_events())
     rng = random.Random(seed)
@@ -250,6 +253,7 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
         first_turn = rng.randrange(len(scripts[0].turns))
         # Each user its own connections, as each Codex process has: a session's requests
         # come over its own keep-alive connection (and so, with SO_REUSEPORT, to one worker).
+        sent = n  # users start on different replicas
         async with aiohttp.ClientSession(timeout=timeout) as client:
             while time.perf_counter() < stop_at:
                 thread = Thread(rng.choice(scripts), n, context, tools, pace_ms, jitter,
@@ -260,8 +264,9 @@ async def drive(url: str, users: int, seconds: float, scripts: Sequence[Script],
                         return
                     key = headers.get(ANSWER_HEADER)
                     expected = fixed if key is None else answer_stream(key)
-                    await one(client, url, body, headers, expected,
+                    await one(client, urls[sent % len(urls)], body, headers, expected,
                               run if now >= measure_at else warm)
+                    sent += 1
                 first_turn = 0
 
     async def switch() -> None:

@@ -54,6 +54,7 @@ class ClaudeCLI:
     base_url: str
     headers: dict[str, str]
     api_key: str = "sk-ant-e2e-client"
+    extra_env: dict[str, str] = field(default_factory=dict)  # on top of env()'s
     runs: list[Run] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -72,6 +73,7 @@ class ClaudeCLI:
             # No update check, telemetry or error reports: loopback only.
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
+            **self.extra_env,
         }
 
     async def turn(self, prompt: str) -> Run:

@@ -4,23 +4,11 @@ and a proxy error is one the SDK raises as Anthropic's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import anthropic as sdk
 import pytest
 
 from tests.conftest import ProxyFactory
 from tests.fakes.anthropic import FakeAnthropic
-from tests.fakes.server import serve
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeAnthropic]:
-    upstream = FakeAnthropic()
-    running = await serve(upstream.app())
-    upstream.url = running.url
-    yield upstream
-    await running.close()
 
 
 def client(url: str) -> sdk.AsyncAnthropic:
@@ -29,9 +17,9 @@ def client(url: str) -> sdk.AsyncAnthropic:
 
 
 async def test_messages_stream_yields_the_text_and_the_final_message(
-    start_proxy: ProxyFactory, fake: FakeAnthropic
+    start_proxy: ProxyFactory, anthropic: FakeAnthropic
 ) -> None:
-    proxy = await start_proxy(anthropic_url=fake.url)
+    proxy = await start_proxy(anthropic_url=anthropic.url)
     async with client(proxy.url) as c, c.messages.stream(
         model="claude-fake", max_tokens=100, system="Be brief.",
         messages=[{"role": "user", "content": "hello sdk"}],
@@ -40,13 +28,13 @@ async def test_messages_stream_yields_the_text_and_the_final_message(
         final = await stream.get_final_message()
     assert "".join(pieces).strip() == "FAKE-ANSWER to: hello sdk"
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 10
-    assert fake.messages[-1].json["messages"] == [{"role": "user", "content": "hello sdk"}]
+    assert anthropic.messages[-1].json["messages"] == [{"role": "user", "content": "hello sdk"}]
 
 
 async def test_messages_stream_carries_a_tool_call_whole(
-    start_proxy: ProxyFactory, fake: FakeAnthropic
+    start_proxy: ProxyFactory, anthropic: FakeAnthropic
 ) -> None:
-    proxy = await start_proxy(anthropic_url=fake.url)
+    proxy = await start_proxy(anthropic_url=anthropic.url)
     async with client(proxy.url) as c, c.messages.stream(
         model="claude-fake", max_tokens=100,
         messages=[{"role": "user", "content": "[tool] go"}],
@@ -58,9 +46,9 @@ async def test_messages_stream_carries_a_tool_call_whole(
 
 
 async def test_messages_create_without_a_stream(
-    start_proxy: ProxyFactory, fake: FakeAnthropic
+    start_proxy: ProxyFactory, anthropic: FakeAnthropic
 ) -> None:
-    proxy = await start_proxy(anthropic_url=fake.url)
+    proxy = await start_proxy(anthropic_url=anthropic.url)
     async with client(proxy.url) as c:
         message = await c.messages.create(
             model="claude-fake", max_tokens=100, messages=[{"role": "user", "content": "plain"}])
@@ -69,9 +57,9 @@ async def test_messages_create_without_a_stream(
 
 
 async def test_a_proxy_error_reaches_the_sdk_in_anthropics_shape(
-    start_proxy: ProxyFactory, fake: FakeAnthropic
+    start_proxy: ProxyFactory, anthropic: FakeAnthropic
 ) -> None:
-    proxy = await start_proxy(anthropic_url=fake.url, max_body_mb=0.001)
+    proxy = await start_proxy(anthropic_url=anthropic.url, max_body_mb=0.001)
     async with client(proxy.url) as c:
         with pytest.raises(sdk.APIStatusError) as raised:
             await c.messages.create(
@@ -80,3 +68,25 @@ async def test_a_proxy_error_reaches_the_sdk_in_anthropics_shape(
     assert raised.value.status_code == 413
     assert raised.value.body == {"type": "error", "error": {
         "type": "request_too_large", "message": raised.value.body["error"]["message"]}}
+
+
+async def test_under_client_keys_the_sdks_key_is_accepted_and_never_forwarded(
+    start_proxy: ProxyFactory, anthropic: FakeAnthropic
+) -> None:
+    proxy = await start_proxy(anthropic_url=anthropic.url, client_keys="ck-sdk-1 teams=team-sdk",
+                              upstream_api_key="sk-openai", anthropic_api_key="sk-ant-upstream")
+    keyed = sdk.AsyncAnthropic(base_url=proxy.url, api_key="ck-sdk-1", max_retries=0,
+                               default_headers={"x-team-id": "team-sdk"})
+    async with keyed as c:
+        message = await c.messages.create(
+            model="claude-fake", max_tokens=100, messages=[{"role": "user", "content": "keyed"}])
+    assert message.content[0].type == "text"
+    sent = {k.lower(): v for k, v in anthropic.messages[-1].headers.items()}
+    assert sent["x-api-key"] == "sk-ant-upstream" and "ck-sdk-1" not in str(sent)
+    async with client(proxy.url) as c:  # its key, sk-ant-sdk, is no client key
+        with pytest.raises(sdk.AuthenticationError) as raised:
+            await c.messages.create(
+                model="claude-fake", max_tokens=100, messages=[{"role": "user", "content": "x"}])
+    assert raised.value.body == {"type": "error", "error": {
+        "type": "authentication_error", "message": "missing or unknown client key"}}
+    assert len(anthropic.messages) == 1

@@ -132,6 +132,15 @@ def test_the_last_turn_recalls_the_fact_from_turn_one(session: Session) -> None:
     assert re.search(r"<memory\b[^>]*>[^<]*06:15 UTC", outside), outside[-3000:]  # ...recalled
 
 
+def test_the_cut_digest_ends_system_marked_and_stays_out_of_the_messages(
+    session: Session,
+) -> None:
+    last = session.requests[-1].json
+    assert last["system"][-1]["text"].startswith("<earlier_turns")
+    assert "cache_control" in last["system"][-1] and "cache_control" in last["system"][-2]
+    assert "<earlier_turns" not in json.dumps(last["messages"])
+
+
 def test_tool_uses_and_results_are_never_split_and_marks_stay_valid(session: Session) -> None:
     for r in session.requests:
         messages = r.json["messages"]

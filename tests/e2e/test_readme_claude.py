@@ -36,6 +36,19 @@ def allowed_tools() -> str:
     return found.group(1)
 
 
+async def readme_wiki(tmp_path: Path, user_key: str) -> Path:
+    """A data directory with a wiki bound to the README's team, agent and ``user_key``."""
+    data = tmp_path / "data"
+    wiki = tmp_path / "wiki"
+    wiki.mkdir()
+    (wiki / "auth.md").write_text("# Authentication\n\nTokens rotate every hour at the gate.\n")
+    printed = await ctxproxy(data, "knowledge", "add-wiki", "--team", "team-123", "--name",
+                             "Handbook", "--summary", "How we work", str(wiki))
+    await ctxproxy(data, "knowledge", "bind", "--agent", "coder", "--user-key", user_key,
+                   printed.split()[0])
+    return data
+
+
 @pytest.fixture(scope="module")
 def binary() -> str:
     return claude_binary()
@@ -44,14 +57,7 @@ def binary() -> str:
 async def test_the_readme_setup_lets_claude_code_curl_the_knowledge_service(
     binary: str, tmp_path: Path,
 ) -> None:
-    data = tmp_path / "data"
-    wiki = tmp_path / "wiki"
-    wiki.mkdir()
-    (wiki / "auth.md").write_text("# Authentication\n\nTokens rotate every hour at the gate.\n")
-    printed = await ctxproxy(data, "knowledge", "add-wiki", "--team", "team-123", "--name",
-                             "Handbook", "--summary", "How we work", str(wiki))
-    await ctxproxy(data, "knowledge", "bind", "--agent", "coder", "--user-key", USER_KEY,
-                   printed.split()[0])
+    data = await readme_wiki(tmp_path, USER_KEY)
     fake = FakeAnthropic()
     up = await serve(fake.app())
     port = free_port()

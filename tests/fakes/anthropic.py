@@ -1,6 +1,7 @@
 """An in-process fake Anthropic Messages upstream: streams Messages events (``message_start``,
 ``content_block_*``, ``message_delta``, ``message_stop``) or answers one JSON message, records
-what it received, and asks for a Bash tool call when the prompt says so.
+what it received, and asks for a Bash tool call when the prompt says so; it counts tokens and
+lists one model (``GET /v1/models``).
 
 The fake model reads the last user message: a ``tool_result`` there gets a closing text; a
 prompt with ``[tool]`` asks Bash to run ``echo fake-tool-ran``; ``[wiki] words`` asks Bash to
@@ -23,6 +24,7 @@ from tests.fakes.upstream import CALL_TOOL, EXAMPLE_QUERY, WIKI_PROMPT, Received
 __all__ = ["FakeAnthropic", "message_events", "system_text", "user_text"]
 
 REMINDER = "<system-reminder>"
+MODEL = "claude-fake"  # the one model GET /v1/models lists
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -163,6 +165,11 @@ class FakeAnthropic:
         self.received.append(rec)
         if request.path == "/v1/messages/count_tokens":
             return web.json_response({"input_tokens": max(1, len(rec.body) // 4)})
+        if request.method == "GET" and request.path in ("/v1/models", f"/v1/models/{MODEL}"):
+            model = {"type": "model", "id": MODEL, "display_name": "Claude Fake",
+                     "created_at": "2026-01-01T00:00:00Z"}
+            return web.json_response(model if request.path.endswith(MODEL) else {
+                "data": [model], "has_more": False, "first_id": MODEL, "last_id": MODEL})
         if request.path != "/v1/messages" or request.method != "POST":
             return web.json_response({"type": "error", "error": {
                 "type": "not_found_error", "message": f"no {request.path} here"}}, status=404)

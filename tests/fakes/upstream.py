@@ -186,6 +186,7 @@ class FakeUpstream:
     embeddings_delay_s: float = 5.0
     embedding_requests: list[Received] = field(default_factory=list)
     embeddings_down_after: int | None = None  # requests answered before going down
+    chat_cached: int = 0  # what a Chat answer's usage reports as read from the cache
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
@@ -203,6 +204,10 @@ class FakeUpstream:
             return await self.script.pop(0)(request, rec)
         if request.path.endswith("/responses") and request.method == "POST":
             return await self.stream(request, rec)
+        if request.path.endswith("/chat/completions") and request.method == "POST":
+            from tests.fakes import chat  # it reads this module's patterns
+
+            return await chat.answer(request, rec, self.chat_cached)
         return web.json_response({"object": "list", "data": [], "path": request.path,
                                   "query": request.query_string})
 

@@ -97,21 +97,41 @@ async def test_cache_writes_are_kept_and_summed_where_reported(ledger: Ledger) -
     assert [t.cache_write_tokens for t in await ledger.totals("all")] == [1000]
 
 
-async def test_a_store_of_version_3_gains_cache_writes(
-    make_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def reopened(
+    make_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch, version: int,
+) -> Ledger:
+    """A ledger opened on a store that the schema of ``version`` made."""
     old = make_ledger()
     store = store_sqlite if isinstance(old, store_sqlite.SqliteLedger) else store_pg
-    monkeypatch.setattr(store, "MIGRATIONS", store.MIGRATIONS[:3])
-    await old.open()  # the schema as version 3 left it
+    monkeypatch.setattr(store, "MIGRATIONS", store.MIGRATIONS[:version])
+    await old.open()
     await old.close()
     monkeypatch.undo()
     again = make_ledger()
     await again.open()
+    return again
+
+
+async def test_a_store_of_version_3_gains_cache_writes(
+    make_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    again = await reopened(make_ledger, monkeypatch, 3)
     try:
         await again.insert([record(T0), record(T0 + 1, cache_write_tokens=700)])
         assert [r.cache_write_tokens for r in await again.timeline("s1")] == [None, 700]
         [total] = await again.totals("all")
         assert (total.requests, total.input_tokens, total.cache_write_tokens) == (2, 6200, 700)
+    finally:
+        await again.close()
+
+
+async def test_a_store_of_version_4_gains_each_rows_protocol(
+    make_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    again = await reopened(make_ledger, monkeypatch, 4)
+    try:
+        await again.insert([record(T0), record(T0 + 1, protocol="chat"),
+                            record(T0 + 2, protocol="messages")])
+        assert [r.protocol for r in await again.timeline("s1")] == ["", "chat", "messages"]
     finally:
         await again.close()

@@ -299,3 +299,25 @@ async def test_a_match_deep_in_a_long_output_is_recalled_as_that_chunks_lines(
 
 def episode_with(text: str) -> Memory:
     return Memory(type="episodic", scope=SCOPE, key="long", text=text, session_id="other")
+
+
+def test_the_vector_copy_keeps_to_its_bytes_dropping_the_least_recently_searched() -> None:
+    def rows(memory_id: str) -> list[tuple[int, VectorRow]]:
+        return [(1, VectorRow(memory_id, 0, 0, 1, "m", memory_id, pack(np.ones(64))))]
+
+    one = VectorIndex()
+    one.apply(SCOPE, "m", rows("a"))
+    index = VectorIndex(max_bytes=2 * one.nbytes)
+    scopes = [Scope("svc", "team", "agent", f"u{n}") for n in range(3)]
+    index.apply(scopes[0], "m", rows("u0"))
+    index.apply(scopes[1], "m", rows("u1"))
+    index.apply(scopes[0], "m", [])  # searched again: now the most recent
+    index.apply(scopes[2], "m", rows("u2"))
+
+    assert index.nbytes <= index.max_bytes
+    assert index.since(scopes[1], "m") == -1  # dropped: read whole at its next search
+    assert index.since(scopes[0], "m") >= 0 and index.since(scopes[2], "m") >= 0
+
+    alone = VectorIndex(max_bytes=1)  # one scope larger than the bound is still searchable
+    alone.apply(SCOPE, "m", rows("a"))
+    assert [m.memory_id for m in alone.top(SCOPE, "m", np.ones(64, dtype=np.float32), 1)] == ["a"]

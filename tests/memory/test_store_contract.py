@@ -463,3 +463,26 @@ async def test_vectors_of_a_memory_that_is_gone_are_not_stored(store: Store) -> 
     await store.delete([memory.memory_id])
     await store.put_vectors(_rows(memory, (0, 5, [1, 0])))
     assert await store.cached_vectors(MODEL, ["s-0"]) == {}
+
+
+async def test_a_scope_dropped_from_the_vector_copy_is_read_again_when_searched(
+    backend: Backend,
+) -> None:
+    from ctxproxy.config import Settings
+    from ctxproxy.memory.stores import make_store
+
+    # Room for about two scopes' copies: searching a third drops the least recent.
+    store = make_store(Settings(**backend.settings, vector_cache_mb=0.01))
+    await store.open()
+    try:
+        scopes = [replace(SCOPE, user=f"u_{n}") for n in range(3)]
+        kept = [(await store.upsert([mem(f"memory {n}", "k", scope=scope)]))[0]
+                for n, scope in enumerate(scopes)]
+        await store.put_vectors([row for n, memory in enumerate(kept)
+                                 for row in _rows(memory, (0, 6, [1, float(n), 0, 0]))])
+        for _ in range(2):  # the second round finds each scope dropped since it was read
+            for scope, memory in zip(scopes, kept, strict=True):
+                hits = await store.vector_search(scope, _unit(1, 0, 0, 0), MODEL, now=T0)
+                assert [h.memory.memory_id for h in hits] == [memory.memory_id]
+    finally:
+        await store.close()

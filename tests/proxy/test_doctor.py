@@ -33,6 +33,21 @@ async def test_doctor_shows_settings_and_checks_what_the_proxy_talks_to(
     assert f"data directory: {tmp_path}" in out
     for name in ("upstream", "store", "request stats", "core"):
         assert f"ok   {name}" in out
+    assert "chat upstream" not in out  # Chat Completions go to UPSTREAM_URL: nothing more
+
+
+async def test_doctor_checks_a_chat_upstream_of_its_own(
+    upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("CTXPROXY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_URL", upstream.url + "/v1")  # type: ignore[attr-defined]
+    monkeypatch.setenv("CTXPROXY_CHAT_URL", f"http://127.0.0.1:{free_port()}/v1")
+    code, out = await doctor(capsys)
+    assert code == 1, out
+    assert "ok   upstream" in out
+    [line] = [line for line in out.splitlines() if "chat upstream" in line]
+    assert line.lstrip().startswith("FAIL chat upstream")
 
 
 async def test_doctor_fails_on_an_unreachable_upstream(

@@ -4,7 +4,6 @@ requests, and what the fake Anthropic upstream receives and the client gets back
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,7 +19,6 @@ from ctxproxy.request.protocol import MESSAGES
 from tests.conftest import ProxyFactory
 from tests.fakes import claude_code as cc
 from tests.fakes.anthropic import FakeAnthropic
-from tests.fakes.server import serve
 
 SESSION = (cc.FIXTURES / "session.json").read_bytes()
 FIRST = (cc.FIXTURES / "first.json").read_bytes()
@@ -30,15 +28,6 @@ HEADERS = json.loads((cc.FIXTURES / "headers.json").read_text())
 def exchange(raw: bytes, headers: dict[str, str] | None = None) -> Exchange:
     hdrs = CIMultiDictProxy(CIMultiDict(headers or {}))
     return Exchange.parse(raw, hdrs, load_settings(env={}), protocol=MESSAGES)
-
-
-@pytest.fixture
-async def anthropic() -> AsyncIterator[FakeAnthropic]:
-    fake = FakeAnthropic()
-    running = await serve(fake.app())
-    fake.url = running.url
-    yield fake
-    await running.close()
 
 
 # --- the request model, on what Claude Code sent -----------------------------------------------
@@ -131,7 +120,80 @@ def test_a_client_sending_too_many_marks_gets_at_most_four_after_a_cut() -> None
     body = orjson.loads(ex.serialise())
     assert_marks_valid(body)
     assert len(cc.marks(body)) == MAX_MARKS
-    assert body["system"][-1] == {"type": "text", "text": "<knowledge_tools>x"}
+    # The stable context ends with the knowledge block: marked; the client's newest mark kept.
+    assert body["system"][-1] == {"type": "text", "text": "<knowledge_tools>x",
+                                  "cache_control": cc.MARK}
+    assert "cache_control" in body["messages"][-1]["content"][-1]
+
+
+def text_item(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+
+def cut_with_blocks(raw: bytes, first: int, *pinned: str, recall: str | None = None
+                    ) -> Exchange:
+    """The exchange as the steps leave it: turns before ``first`` cut, ``pinned`` (the
+    digest, the standing memory) before the first kept turn, ``recall`` before the last."""
+    ex = exchange(raw)
+    cut = ex.history.keep_from(first)
+    blocks = tuple(text_item("developer", text) for text in pinned)
+    items = list(cut.items)
+    at = cut.starts[0]
+    items[at:at] = blocks
+    starts = [s + len(blocks) for s in cut.starts]
+    if recall is not None:
+        items.insert(starts[-1], text_item("developer", recall))
+        starts[-1] += 1
+    ex.body = {**ex.body, "input": items, "instructions": "<knowledge_tools>k"}
+    ex.first_turn, ex.starts, ex.stable_blocks, ex.changed = first, starts, blocks, True
+    return ex
+
+
+def test_digest_and_standing_go_in_one_block_at_the_end_of_system_recall_in_messages() -> None:
+    ex = cut_with_blocks(SESSION, 2, "<earlier_turns>d</earlier_turns>",
+                         "<semantic_memory>s</semantic_memory>", recall="<episodic_memory>r")
+    body = orjson.loads(ex.serialise())
+    client = orjson.loads(SESSION)
+    assert [b["text"] for b in body["system"]] == [
+        *(b["text"] for b in client["system"]), "<knowledge_tools>k",
+        "<earlier_turns>d</earlier_turns>\n\n<semantic_memory>s</semantic_memory>"]
+    text = json.dumps(body["messages"])
+    assert "<earlier_turns>" not in text and "<semantic_memory>" not in text
+    recall = body["messages"][-2]
+    assert recall == {"role": "user", "content": [{"type": "text", "text": "<episodic_memory>r"}]}
+    assert_tool_pairs(body)
+    # Four marks: the end of the stable context (the knowledge block), the pinned block, the
+    # end of the client's context in messages, and the client's newest; its older ones go.
+    found = cc.marks(body)
+    assert len(found) == MAX_MARKS
+    assert "cache_control" in body["system"][-1] and "cache_control" in body["system"][-2]
+    assert all("cache_control" not in b for b in body["system"][:-2])
+    assert "cache_control" in body["messages"][-1]["content"][-1]
+    head = next(n for n, m in enumerate(body["messages"]) if m["role"] == "system")
+    assert "cache_control" in body["messages"][head]["content"][-1]
+
+
+def test_the_pinned_block_is_marked_without_a_cut_and_an_empty_one_is_left_out() -> None:
+    ex = cut_with_blocks(FIRST, 0, "<semantic_memory>s</semantic_memory>")
+    body = orjson.loads(ex.serialise())
+    assert body["system"][-1] == {"type": "text", "text": "<semantic_memory>s</semantic_memory>",
+                                  "cache_control": cc.MARK}
+    assert_marks_valid(body)
+    empty = cut_with_blocks(SESSION, 2, "")
+    body = orjson.loads(empty.serialise())
+    assert body["system"][-1]["text"] == "<knowledge_tools>k"  # no empty block
+    assert_marks_valid(body)
+
+
+def test_a_string_system_becomes_blocks_with_the_pinned_block_after_it() -> None:
+    body = {**orjson.loads(SESSION), "system": "You are terse."}
+    ex = cut_with_blocks(orjson.dumps(body), 2, "<earlier_turns>d</earlier_turns>")
+    ex.body = {k: v for k, v in ex.body.items() if k != "instructions"}
+    sent = orjson.loads(ex.serialise())
+    assert sent["system"] == [
+        {"type": "text", "text": "You are terse.", "cache_control": cc.MARK},
+        {"type": "text", "text": "<earlier_turns>d</earlier_turns>", "cache_control": cc.MARK}]
+    assert_marks_valid(sent)
 
 
 def test_items_parse_from_string_and_block_content_alike() -> None:
@@ -198,12 +260,12 @@ async def test_a_long_session_is_cut_with_its_tool_pairs_whole_and_valid_marks(
     body = anthropic.messages[-1].json
     assert cc.user_words(body)[-3:] == ["[tool] turn 7", "[tool] turn 8", "turn 9"]
     assert "turn 1" not in cc.user_words(body)
-    assert "<earlier_turns" in json.dumps(body["messages"])  # the cut's digest, as a message
+    # The cut's digest is the last block of system, marked, and the stable context before it.
+    assert "<earlier_turns" not in json.dumps(body["messages"])
+    assert body["system"][-1]["text"].startswith("<earlier_turns")
+    assert "cache_control" in body["system"][-1] and "cache_control" in body["system"][-2]
     assert_tool_pairs(body)
     assert_marks_valid(body)
-    digest = next(n for n, m in enumerate(body["messages"])
-                  if "<earlier_turns" in json.dumps(m))
-    assert "cache_control" in body["messages"][digest]["content"][-1]  # the stable block
     assert "cache_control" in body["messages"][-1]["content"][-1]  # the client's newest
 
 

@@ -1,22 +1,25 @@
-"""Behaviour both client protocols share, one test per behaviour, parametrised by protocol:
-Responses (Codex) and Messages (Claude Code). Each case sends its protocol's own request
-shape to its own route and reads what its own fake upstream received."""
+"""Behaviour the client protocols share, one test per behaviour, parametrised by protocol:
+Responses (Codex), Messages (Claude Code) and Chat Completions (opencode and the like). Each
+case sends its protocol's own request shape to its own route and reads what its own fake
+upstream received."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from ctxproxy.proxy.app import METRICS
-from tests.conftest import ProxyFactory
+from tests.conftest import ProxyFactory, ledger_rows
+from tests.e2e.test_codex import IDENTITY, bind_wiki
+from tests.fakes import chat, codex
 from tests.fakes import claude_code as cc
-from tests.fakes import codex
-from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.anthropic import FakeAnthropic, system_text
 from tests.fakes.server import Running, free_port, serve
 from tests.fakes.upstream import FakeUpstream, Received
 
@@ -37,6 +40,13 @@ class Case:
                 items += codex.tool_turn(f"[tool] turn {n}") if n % 2 else [
                     codex.text("user", f"turn {n}"), codex.text("assistant", f"answer {n}")]
             return codex.request(items[:-1], "s-proto")
+        if self.name == "chat":
+            said: list[dict[str, Any]] = []
+            for n in range(1, turns + 1):
+                said += chat.tool_turn(f"[tool] turn {n}", n) if n % 2 else [
+                    {"role": "user", "content": f"turn {n}"},
+                    {"role": "assistant", "content": f"answer {n}"}]
+            return chat.request(said[:-1])
         messages = cc.first_messages("turn 1")
         messages.append({"role": "assistant", "content": "answer 1"})
         for n in range(2, turns + 1):
@@ -47,13 +57,23 @@ class Case:
 
     def headers(self) -> dict[str, str]:
         if self.name == "responses":
-            return codex.headers(session_id="s-proto")
-        return cc.headers("s-proto")
+            return {**codex.headers(session_id="s-proto"), **IDENTITY}
+        if self.name == "chat":
+            return chat.headers("s-proto", **IDENTITY)
+        return cc.headers("s-proto", **IDENTITY)
+
+    def system(self, body: dict[str, Any]) -> str:
+        """The text of the body's system prompt, where the proxy's blocks go."""
+        if self.name == "responses":
+            return str(body.get("instructions", ""))
+        if self.name == "chat":
+            return chat.system_text(body)
+        return system_text(body)
 
     def error(self, raw: bytes) -> tuple[str, str]:
         """(type, message) of an error body in this protocol's shape; fails on another."""
         body = json.loads(raw)
-        if self.name == "responses":
+        if self.name in ("responses", "chat"):
             assert set(body) == {"error"}
         else:
             assert body["type"] == "error" and set(body) == {"type", "error"}
@@ -67,6 +87,11 @@ class Case:
             outs = {i["call_id"] for i in body["input"]
                     if i.get("type") == "function_call_output"}
             return calls == outs and bool(calls)
+        if self.name == "chat":
+            asked = {c["id"] for m in body["messages"] for c in m.get("tool_calls") or ()}
+            answered = {m["tool_call_id"] for m in body["messages"] if m["role"] == "tool"}
+            return asked == answered and bool(asked) and "turn 1" not in text.split(
+                "<earlier")[0]
         uses = {b["id"] for m in body["messages"] if isinstance(m["content"], list)
                 for b in m["content"] if b.get("type") == "tool_use"}
         results = {b["tool_use_id"] for m in body["messages"] if isinstance(m["content"], list)
@@ -74,12 +99,15 @@ class Case:
         return uses == results and bool(uses) and "turn 1" not in text.split("<earlier")[0]
 
 
-@pytest.fixture(params=["responses", "messages"])
+@pytest.fixture(params=["responses", "messages", "chat"])
 async def case(
     request: pytest.FixtureRequest, upstream: FakeUpstream
 ) -> AsyncIterator[Case]:
     if request.param == "responses":
         yield Case("responses", "/v1/responses", upstream.received)
+        return
+    if request.param == "chat":
+        yield Case("chat", "/v1/chat/completions", upstream.received)
         return
     fake = FakeAnthropic()
     running = await serve(fake.app())
@@ -100,6 +128,14 @@ async def post(proxy: Running, case: Case, body: bytes) -> tuple[int, bytes]:
         return r.status, await r.read()
 
 
+async def nine_turns_cut_to_three(case: Case, start: ProxyFactory) -> Running:
+    """A proxy that has forwarded a request of nine turns cut to its last three."""
+    proxy = await proxy_for(case, start, keep_turns=3, window_policy="fixed", trim_slack=0)
+    status, _ = await post(proxy, case, json.dumps(case.body(9)).encode())
+    assert status == 200
+    return proxy
+
+
 async def test_an_unchanged_request_goes_upstream_as_the_clients_bytes(
     case: Case, start_proxy: ProxyFactory
 ) -> None:
@@ -112,10 +148,7 @@ async def test_an_unchanged_request_goes_upstream_as_the_clients_bytes(
 async def test_a_cut_forwards_the_last_turns_with_each_call_and_its_output(
     case: Case, start_proxy: ProxyFactory
 ) -> None:
-    proxy = await proxy_for(case, start_proxy, keep_turns=3, window_policy="fixed",
-                            trim_slack=0)
-    status, _ = await post(proxy, case, json.dumps(case.body(9)).encode())
-    assert status == 200
+    await nine_turns_cut_to_three(case, start_proxy)
     forwarded = case.received[-1].json
     assert case.pairs_whole(forwarded)
     assert len(case.received[-1].body) < len(json.dumps(case.body(9)))
@@ -151,3 +184,43 @@ async def test_usage_reaches_the_metrics(case: Case, start_proxy: ProxyFactory) 
     assert status == 200
     sent = len(case.received[-1].body) // 4  # both fakes count four bytes a token
     assert proxy.app[METRICS].tokens.labels("input")._value.get() == sent
+
+
+async def test_the_knowledge_block_goes_in_the_system_prompt_once(
+    case: Case, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    await bind_wiki(tmp_path, tmp_path / "data")  # the data dir start_proxy serves
+    proxy = await proxy_for(case, start_proxy)
+    status, _ = await post(proxy, case, json.dumps(case.body(3)).encode())
+    assert status == 200
+    forwarded = case.received[-1].json
+    assert case.system(forwarded).count("<knowledge_tools>") == 1
+    assert json.dumps(forwarded).count("<knowledge_tools>") == 1  # nowhere else
+
+
+async def test_the_ledger_row_names_its_protocol_and_counts_its_tokens(
+    case: Case, start_proxy: ProxyFactory
+) -> None:
+    proxy = await nine_turns_cut_to_three(case, start_proxy)
+    [row] = await ledger_rows(proxy.app, "s-proto", 1)
+    assert row.protocol == case.name and row.input_tokens == len(case.received[-1].body) // 4
+    assert (row.turns_in, row.turns_forwarded) == (9, 3)
+    assert row.client_tokens and row.forwarded_tokens and row.forwarded_tokens < row.client_tokens
+
+
+async def test_explain_reads_the_request_in_its_protocol(
+    case: Case, start_proxy: ProxyFactory
+) -> None:
+    proxy = await nine_turns_cut_to_three(case, start_proxy)
+    async with aiohttp.ClientSession() as s, s.get(
+            proxy.url + "/ctxproxy/explain/last", params={"session": "s-proto"}) as r:
+        report = await r.json()
+    assert report["protocol"] == case.name
+    assert (report["turns_in"], report["turns_forwarded"]) == (9, 3)
+    assert report["items_cut"] > 0 and not report["unchanged"]
+    # The digest of the cut turns: at the end of system for Messages (pinned with the
+    # standing memory), an item of its own elsewhere.
+    if case.name == "messages":
+        assert "earlier_turns" in report["instructions_added"]["blocks"]
+    else:
+        assert any("earlier_turns" in a["item"] for a in report["items_added"])

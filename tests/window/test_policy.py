@@ -14,8 +14,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from ctxproxy.config import load_settings
 from ctxproxy.request import Exchange, History, is_turn_start, message_text
+from ctxproxy.request.protocol import MESSAGES
 from ctxproxy.window.policy import CostPolicy, Shape
 from ctxproxy.window.step import WindowStep
+from tests.fakes import claude_code as cc
 from tests.fakes import codex
 
 Item = dict[str, Any]
@@ -178,3 +180,41 @@ def test_the_window_step_takes_the_policy_of_the_requests_model() -> None:
         ex = Exchange.parse(body, CIMultiDictProxy(CIMultiDict()), conf)
         cuts[model] = step.cut(ex)[0]
     assert cuts == {"gpt-5.5": 0, "gpt-6.1-sol": 3}
+
+
+def test_a_context_after_the_pinned_blocks_is_priced_as_written_again_at_each_cut() -> None:
+    # Anthropic Messages: the digest and the standing memory end ``system``, and the client's
+    # context (Claude Code's reminders) opens ``messages`` after them, so a cut writes it
+    # again; only what is outside the input (system, tools) stays warm.
+    big = {"type": "message", "role": "developer",
+           "content": [{"type": "input_text", "text": "House rules. " * 20_000}]}  # ~65k tokens
+    items = [big, *session([agent_task(n, calls=5) for n in range(1, 4)])]
+    breakpoints = CostPolicy(max_turns=5, min_turns=1, max_tokens=200_000, write=1.25,
+                             breakpoints=True, digest_tokens=4000, standing_tokens=1200)
+    assert first_kept(breakpoints, items) == 3
+    assert first_kept(replace(breakpoints, head_cold=True), items) == 0
+    # With no block before it, a cut leaves the context as it was: warm.
+    assert first_kept(replace(breakpoints, head_cold=True, digest_tokens=0, standing_tokens=0),
+                      items) == 3
+
+
+def test_the_window_step_prices_a_messages_cut_with_its_context_written_again() -> None:
+    conf = load_settings(env={}, memory_enabled=False, keep_turns=5, keep_min_turns=1)
+    step = WindowStep.from_settings(conf)
+    first = cc.first_messages("start")
+    reminder = first[0]["content"][0]
+    big = {**reminder, "text": reminder["text"] + "House rules. " * 20_000}
+    messages = [{**first[0], "content": [big, first[0]["content"][1]]}, first[1],
+                {"role": "assistant", "content": "ok"}]
+    for n in range(2, 5):
+        messages += cc.tool_turn(f"[tool] turn {n}", n)
+    messages.append({"role": "user", "content": "next"})
+
+    def cut(body: dict[str, Any]) -> int:
+        ex = Exchange.parse(orjson.dumps(body), CIMultiDictProxy(CIMultiDict()), conf,
+                            protocol=MESSAGES)
+        return step.cut(ex)[0]
+
+    small = [first[0], *messages[1:]]
+    assert cut(cc.request(small, "s")) > 0  # a small context: the finished turns go
+    assert cut(cc.request(messages, "s")) == 0  # Claude Code's large reminder: kept whole
