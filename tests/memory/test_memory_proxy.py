@@ -373,7 +373,9 @@ async def test_memory_blocks_stay_within_the_token_budget(
                        memory_text(sent), re.DOTALL)
     assert sum(tokens.count(b) for b in found) <= 150  # ...within the budget
     full = await start_proxy(keep_turns=1)
-    s2 = Session(full, upstream, items=list(s.items), turns=50)
+    # Another session: the same one's turn would get the recall the first proxy placed (the
+    # store shares it, so that every replica forwards the same bytes).
+    s2 = Session(full, upstream, session_id="sess-full", items=list(s.items), turns=50)
     sent2 = await s2.send()
     assert memory_text(sent2).count("<memory ") > memory_text(sent).count("<memory ")
 
