@@ -52,7 +52,7 @@ class Recorder:
         self._on_drop = on_drop
         self._clock = clock
         self._worker: asyncio.Task[None] | None = None
-        self._pruned_at = 0.0
+        self._pruned_at = -PRUNE_EVERY_S  # the first write prunes, whatever the uptime
         self.bytes = 0
         self.written = 0
         self.dropped = 0
@@ -137,7 +137,7 @@ class Recorder:
         try:
             await self._ledger.insert(records, nodes)
             self.written += len(records)
-            await self._prune_now_and_then()
+            await self._prune_now_and_then(min(r.at for r in records))
         except LedgerError as exc:
             log.warning("ledger write failed: %s", exc)
             self._drop("failed", len(batch))
@@ -146,12 +146,15 @@ class Recorder:
             log.exception("ledger write failed")
             self._drop("failed", len(batch))
 
-    async def _prune_now_and_then(self) -> None:
+    async def _prune_now_and_then(self, oldest: float) -> None:
+        """Drop what is past its time: the direct-cost state older than the TTL before the
+        oldest row just written (by the rows' clock, which the next batch's rows read by),
+        and rows past the retention."""
         now = time.monotonic()
         if now - self._pruned_at < PRUNE_EVERY_S:
             return
         self._pruned_at = now
-        await self._ledger.prune_direct(self._clock() - TTL_S)
+        await self._ledger.prune_direct(oldest - TTL_S)
         if self._retention_s <= 0:
             return
         gone = await self._ledger.prune(self._clock() - self._retention_s)
