@@ -10,7 +10,8 @@ score = relevance x type weight x time decay. Two selections per turn:
   the forwarded window or already standing.
 
 Each selection keeps at most ``k`` memories; the standing one gets at most half the token
-budget and the recalled one what is left. A recalled memory is shown as the snippet of its
+budget and the recalled one what is left. A searched memory scoring under WITHIN_BEST of the
+first one recalled stays out. A recalled memory is shown as the snippet of its
 lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs.
 
 With ``min_score`` (``CTXPROXY_RECALL_MIN_SCORE``) a recalled memory needs one line that,
@@ -20,9 +21,10 @@ recall block at all. One line, not the whole memory: a turn with pages of tool o
 a few of any question's words somewhere, which says nothing.
 
 A question that names a speaker of a dialogue a memory holds (memory.speakers) asks what that
-speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, the
-dialogues are left out (only another's reply echoing the words matched: the question names
-the wrong speaker, or something nobody said).
+speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, or
+the lines that speak of another's things (another's "I", the named one's "you") hold
+OWN_MARGIN more of them than those that speak of the named one's, the dialogues are left out
+(the question names the wrong speaker, or something nobody said).
 
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
@@ -70,6 +72,12 @@ MAX_MENTIONED = 5
 # The share of a question's other words that a line said by the speaker it names must hold
 # (bench/RESULTS.md, LoCoMo: chosen on conversations 0-4).
 SAID_MIN_SCORE = 0.3
+# How much more of them the lines speaking of another's things may hold (same).
+OWN_MARGIN = 0.1
+# A searched memory scoring under this share of the first one recalled is left out
+# (memory.scoring.select; bench/RESULTS.md, LoCoMo: the first held the evidence about 3 in 4
+# times, and scores within a question's candidates lie close together).
+WITHIN_BEST = 0.75
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
 
 Mode = Literal["lexical", "hybrid", "lexical-degraded"]
@@ -112,12 +120,17 @@ def _outside(memory: Memory, window: Collection[str]) -> bool:
 
 def _spoken(candidates: Sequence[Candidate], query: str) -> Sequence[Candidate]:
     """``candidates`` less the dialogues (memory.speakers) when the question names their
-    speakers and no line those speakers said holds SAID_MIN_SCORE of its other words: such a
-    question asks what one of them said that none of them did (it names the wrong one), and
-    the lines that hold its words, said by another, would mislead more than inform."""
+    speakers and asks what they said that none of them did (it names the wrong one): no line
+    those speakers said holds SAID_MIN_SCORE of its other words, or the lines that speak of
+    another's things (another's "I", the named one's "you") hold OWN_MARGIN more of them than
+    any line that speaks of the named one's. The lines that hold its words would then mislead
+    more than inform."""
     said = [(c, said_match(c.memory.text, query)) for c in candidates]
-    best = max((m[0] for _, m in said if m is not None), default=None)
-    if best is None or best >= SAID_MIN_SCORE:
+    held = [m for _, m in said if m is not None]
+    if not held:
+        return candidates
+    if (max(m.said for m in held) >= SAID_MIN_SCORE
+            and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN):
         return candidates
     return [c for c, m in said if m is None or c.relevance >= MENTIONED]
 
@@ -369,7 +382,7 @@ class Recaller:
             top = max((h.relevance for h in hits), default=0.0)
             for hit in hits:
                 if _outside(hit.memory, window):
-                    candidates.append(Candidate(hit.memory, hit.relevance / top))
+                    candidates.append(Candidate(hit.memory, hit.relevance / top, searched=True))
         latest = sorted((m for m in found.recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
@@ -448,6 +461,7 @@ class Recaller:
         return select(
             _spoken(candidates, query), weights=self.weights, now=now, k=self.k,
             budget=budget, cost=self._cost, overhead=self._overhead, view=shown_as,
+            within=WITHIN_BEST,
         )
 
     def _shown_as(self, c: Candidate, seen: _Seen, *, session: str, exclude: Collection[str],
