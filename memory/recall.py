@@ -10,8 +10,7 @@ score = relevance x type weight x time decay. Two selections per turn:
   the forwarded window or already standing.
 
 Each selection keeps at most ``k`` memories; the standing one gets at most half the token
-budget and the recalled one what is left. A searched memory scoring under WITHIN_BEST of the
-first one recalled stays out. A recalled memory is shown as the snippet of its
+budget and the recalled one what is left. A recalled memory is shown as the snippet of its
 lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs.
 
 With ``min_score`` (``CTXPROXY_RECALL_MIN_SCORE``) a recalled memory needs one line that,
@@ -74,10 +73,6 @@ MAX_MENTIONED = 5
 SAID_MIN_SCORE = 0.3
 # How much more of them the lines speaking of another's things may hold (same).
 OWN_MARGIN = 0.1
-# A searched memory scoring under this share of the first one recalled is left out
-# (memory.scoring.select; bench/RESULTS.md, LoCoMo: the first held the evidence about 3 in 4
-# times, and scores within a question's candidates lie close together).
-WITHIN_BEST = 0.75
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
 
 Mode = Literal["lexical", "hybrid", "lexical-degraded"]
@@ -382,7 +377,7 @@ class Recaller:
             top = max((h.relevance for h in hits), default=0.0)
             for hit in hits:
                 if _outside(hit.memory, window):
-                    candidates.append(Candidate(hit.memory, hit.relevance / top, searched=True))
+                    candidates.append(Candidate(hit.memory, hit.relevance / top))
         latest = sorted((m for m in found.recent if _outside(m, window)),
                         key=lambda m: -(m.turn_index or 0))[:RECENT_LIMIT]
         candidates += [Candidate(m, RECENT) for m in latest]
@@ -461,7 +456,6 @@ class Recaller:
         return select(
             _spoken(candidates, query), weights=self.weights, now=now, k=self.k,
             budget=budget, cost=self._cost, overhead=self._overhead, view=shown_as,
-            within=WITHIN_BEST,
         )
 
     def _shown_as(self, c: Candidate, seen: _Seen, *, session: str, exclude: Collection[str],

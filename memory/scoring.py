@@ -44,7 +44,6 @@ class Candidate:
     relevance: float
     similarity: float | None = None  # found by meaning: its best chunk's cosine similarity
     span: tuple[int, int] | None = None  # and where that chunk stands in the text
-    searched: bool = False  # found by a search of the question (not named, not recent)
 
 
 def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
@@ -61,8 +60,7 @@ def fuse(rankings: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Candidate]:
             if held is None or _nearer(hit, held):
                 first[memory_id] = hit
     top = max(scores.values(), default=1.0)
-    return [Candidate(h.memory, scores[i] / top, h.similarity, h.span, searched=True)
-            for i, h in first.items()]
+    return [Candidate(h.memory, scores[i] / top, h.similarity, h.span) for i, h in first.items()]
 
 
 def _nearer(hit: Hit, than: Hit) -> bool:
@@ -93,13 +91,8 @@ def select(
     cost: Callable[[Memory], int],
     overhead: Callable[[MemoryType], int],
     view: Callable[[Candidate], Candidate | None] | None = None,
-    within: float = 0.0,
 ) -> list[Memory]:
     """The best ``k`` memories whose blocks fit in ``budget`` tokens, best first.
-
-    A candidate a search found (``searched``) scoring under ``within`` x the first such
-    candidate chosen is left out: what ranks far below the best match rarely holds what the
-    question asks and costs its tokens all the same.
 
     A memory too big for what is left is skipped for a smaller one further down. A type's
     first memory also pays for its block's wrapper (``overhead``). ``view(c)`` says how a
@@ -113,17 +106,13 @@ def select(
     kinds: set[MemoryType] = set()
     decided: set[str] = set()
     used = 0
-    floor = None  # the least score a searched candidate needs, once one is chosen
     for _, c in ranked:
         if len(chosen) >= k:
             break
         if c.memory.memory_id in decided:
             continue  # a lesser candidate of a memory already placed or passed over
-        worth = score(c, weights, now)
-        if worth <= 0:
+        if score(c, weights, now) <= 0:
             break
-        if c.searched and floor is not None and worth < floor:
-            continue
         shown = c if view is None else view(c)
         if shown is None:
             continue
@@ -135,6 +124,4 @@ def select(
         chosen.append(shown.memory)
         kinds.add(kind)
         used += price
-        if c.searched and floor is None:
-            floor = within * worth
     return chosen

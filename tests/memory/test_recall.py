@@ -95,22 +95,6 @@ def test_the_budget_counts_items_and_block_wrappers() -> None:
     assert choose(candidates, budget=0) == []
 
 
-def test_a_search_hit_far_below_the_first_recalled_is_left_out() -> None:
-    found = [Candidate(mem(f"hit {n}"), r, searched=True)
-             for n, r in enumerate((1.0, 0.8, 0.74, 0.5))]
-    recent = Candidate(mem("the turn just before"), 0.3)  # not a search's: never cut
-    chosen = select([*found, recent], weights=DEFAULT, now=NOW, k=5, budget=10_000,
-                    cost=cost, overhead=overhead, within=0.75)
-    assert [m.text for m in chosen] == ["hit 0", "hit 1", "the turn just before"]
-    # Relative to the first one shown: a better hit that may not be shown sets no bar.
-    hidden = Candidate(mem("hidden"), 2.0, searched=True)
-    chosen = select([hidden, *found], weights=DEFAULT, now=NOW, k=5, budget=10_000,
-                    cost=cost, overhead=overhead, within=0.75,
-                    view=lambda c: None if c.memory.text == "hidden" else c)
-    assert [m.text for m in chosen] == ["hit 0", "hit 1"]
-    assert choose(found) == ["hit 0", "hit 1", "hit 2", "hit 3"]  # within=0: no bar
-
-
 def test_duplicates_count_once_at_their_best_relevance() -> None:
     m = mem("same")
     assert choose([Candidate(m, 0.1), Candidate(m, 0.9), Candidate(mem("other"), 0.5)]) == [
