@@ -256,13 +256,7 @@ class Settings(BaseSettings):
         0.75, ge=0, le=1, description="Score a distilled fact needs to become semantic memory."
     )
     distill_interval_s: float = Field(5.0, gt=0, description="Distillation period.")
-    recall_k: int = Field(
-        3,
-        ge=0,
-        description="Memories recalled per turn at most (and standing memories shown at "
-        "most): fewer, longer snippets found more of what a question asked for their tokens "
-        "than more, shorter ones (bench/RESULTS.md, LoCoMo).",
-    )
+    recall_k: int = Field(5, ge=0, description="Memories recalled per turn at most.")
     recall_min_score: float = Field(
         0.25,
         ge=0,
