@@ -5,7 +5,9 @@ A turn may carry a conversation ("[3 March, 2023] Ada: ..." one line per utteran
 "Ada: ..." alone). A question that names one of its speakers ("what did Ada ...") asks what
 that speaker said: when no line of theirs holds the question's other words, only a reply
 of another's that echoes them ("Thanks, Ada! ..."), the question is about something the
-memory does not say (memory.recall's gate). Pure, linear in the text.
+memory does not say (memory.recall's gate). So it is too when the lines holding its words
+speak of another's things: another's "I ran a race", the named one's "your race"
+(``persons_of``, ``Said``). Pure, linear in the text.
 """
 
 from __future__ import annotations
