@@ -457,3 +457,19 @@ def test_questions_of_a_prompt_past_the_scan_are_found_as_before() -> None:
     assert questions(query) == _questions_by_character(query) == ["Why?", "Why?", "Why?"]
     query = "word " * 1600 + "Which one?"  # the question past the 8,000 characters scanned
     assert questions(query) == _questions_by_character(query) == []
+
+
+def test_a_transcripts_repeated_stamp_is_shown_once() -> None:
+    text = ("User: [2 May, 2024] Ada: I finished the pottery class.\n"
+            "  [2 May, 2024] Ben: Congrats! I went sailing.\n"
+            "  [3 May, 2024] Ada: The vase is blue.\n"
+            "  [ ] a checkbox\n"
+            "  [ ] another\n"
+            "Assistant: Noted.")
+    assert snippet(text, "what did Ben do?").text == (
+        "User: [2 May, 2024] Ada: I finished the pottery class.\n"
+        "  Ben: Congrats! I went sailing.\n"
+        "  [3 May, 2024] Ada: The vase is blue.\n"
+        "  [ ] a checkbox\n"
+        "  [ ] another\n"
+        "Assistant: Noted.")
