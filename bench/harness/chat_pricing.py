@@ -6,7 +6,11 @@ The prompt is tokenised as the ledger counts a Chat body (``prompt_parts``: the 
 each message); a Chat message has no place for a breakpoint mark, so under ``breakpoint``
 rules a prefix is stored only at the end of each prompt. The answer is streamed as ``data:``
 chunks: the role, the text, each tool call (its arguments in one piece), the finish reason,
-the usage chunk when ``stream_options.include_usage`` asks for it, ``[DONE]``.
+the usage chunk when ``stream_options.include_usage`` asks for it, ``[DONE]``. As OpenAI
+does, it refuses (HTTP 400, before the model: neither run nor billed) a ``tool`` message that
+does not answer a call of the assistant message before it, and an assistant message whose
+calls are not all answered right after it: a window that split a call from its output would
+be seen here.
 """
 
 from __future__ import annotations
@@ -49,6 +53,26 @@ def chunks(message: Message, bill: Bill, model: str, with_usage: bool) -> list[d
     return out
 
 
+def tool_order_error(messages: list[Message]) -> str | None:
+    """What OpenAI says of messages whose tool calls and tool messages do not pair up."""
+    waiting: set[str] = set()  # the calls of the last assistant message not answered yet
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            if message.get("tool_call_id") not in waiting:
+                return ("Invalid parameter: messages with role 'tool' must be a response to a "
+                        "preceeding message with 'tool_calls'.")
+            waiting.discard(message["tool_call_id"])
+            continue
+        if waiting:
+            return ("An assistant message with 'tool_calls' must be followed by tool messages "
+                    "responding to each 'tool_call_id'. The following tool_call_ids did not "
+                    f"have response messages: {', '.join(sorted(waiting))}")
+        if role == "assistant":
+            waiting = {str(c.get("id")) for c in message.get("tool_calls") or ()}
+    return None if not waiting else f"tool_call_ids without a response: {sorted(waiting)}"
+
+
 @dataclass
 class ChatPricingUpstream(PricingUpstream):
     """The in-process fake: its model answers with assistant messages (the first is the
@@ -62,6 +86,11 @@ class ChatPricingUpstream(PricingUpstream):
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = orjson.loads(raw)
+        error = tool_order_error(body.get("messages") or [])
+        if error is not None:
+            return web.json_response({"error": {
+                "message": error, "type": "invalid_request_error", "param": "messages",
+                "code": None}}, status=400)
         message = self.model(body, raw)[0]
         bill = self.price(body, [message])
         model = str(body.get("model"))
