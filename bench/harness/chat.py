@@ -2,22 +2,24 @@
 ``Shape``): its requests to /v1/chat/completions, reading the ``data:`` chunks of its answer,
 its auto-compaction, and the fake model's answers as assistant messages.
 
-The agent is Codex with a Chat Completions provider (``wire_api = "chat"``): the same context,
-tools and compaction as the Codex sessions, sent as Chat messages, so the two shapes differ only
-in the protocol. Its requests: one system message (Codex's developer messages and the run's
-system message), Codex's context user messages (AGENTS.md, the environment: the proxy reads
-them as context by their markers), each prompt a user message, each model call an assistant
-message (the run's thought as its text; Chat has no place for encrypted reasoning) with one
-``exec_command`` tool call, its output a ``tool`` message in Codex's exec format; the
-function tools as Chat tools (Codex's namespace and web-search tools have no Chat form);
-``prompt_cache_key`` the session (OpenAI's Chat API takes it, and the proxy reads it as the
-session); ``stream_options.include_usage``, so the last chunk carries the usage.
+The agent is Codex as a Chat Completions client (modelled on its recorded Responses request,
+not recorded itself): the same context, tools and compaction as the Codex sessions, sent as
+Chat messages, so the two shapes differ only in the protocol. Its requests: one system message
+(Codex's developer messages and the run's system message), Codex's context user messages
+(AGENTS.md, the environment: the proxy reads them as context by their markers), each prompt a
+user message, each model call an assistant message (the run's thought as its text; Chat has no
+place for encrypted reasoning) with one ``exec_command`` tool call, its output a ``tool``
+message in Codex's exec format; the function tools as Chat tools (Codex's namespace and
+web-search tools have no Chat form); ``prompt_cache_key`` the session (OpenAI's Chat API takes
+it, and the proxy reads it as the session); ``stream_options.include_usage``, so the last
+chunk carries the usage.
 
-Compaction is Codex's (bench/harness/codex.py), chosen because it is the one Chat client
-whose compaction is recorded here (``../shared/fixtures/codex/10_autocompact_custom_provider``):
-when the reported ``prompt_tokens`` pass the limit, the history plus the compaction prompt
-without tools (so its prefix is not the turns'), then the system message, the prompts (newest
-first, at most about 20k tokens), the context messages, the newest prompt and the summary.
+Compaction is Codex's (bench/harness/codex.py), chosen because it is the one client compaction
+recorded here (with a custom provider: ``../shared/fixtures/codex/
+10_autocompact_custom_provider``): when the reported ``prompt_tokens`` pass the limit, the
+history plus the compaction prompt without tools (so its prefix is not the turns'), then the
+system message, the prompts (newest first, at most about 20k tokens), the context messages,
+the newest prompt and the summary.
 
 Deliberately independent of ``proxy``/``request``: the client must not share the code it
 measures.
@@ -202,8 +204,8 @@ def chat_note(limit: int, ttl_s: float) -> str:
         "`stream_options.include_usage`; the task's end is one more request with a closing "
         "text. Prices: `bench/harness/chat_pricing.py` (OpenAI's rules as for the Codex "
         f"sessions: input tokens only, cached at 10%, cache TTL {ttl_s:.0f} s of simulated "
-        "time). Client auto-compaction as Codex does it (the one Chat client whose compaction "
-        f"is recorded): when the reported `prompt_tokens` pass {limit:,}, one compaction "
+        "time). Client auto-compaction as Codex does it (the one client compaction recorded "
+        f"here): when the reported `prompt_tokens` pass {limit:,}, one compaction "
         "request (history + compaction prompt, no tools, so no cached prefix; the proxy "
         "forwards it whole), then the system message, the prompts (at most 20k tokens), the "
         "context messages, the newest prompt and the summary (the fake summariser lists the "
