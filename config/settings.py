@@ -225,6 +225,17 @@ class Settings(BaseSettings):
         "same session and scope; 0: no curl line.",
     )
 
+    mask_store_mb: float = Field(
+        32.0, ge=0,
+        description="MiB of masked tool outputs the store keeps per scope (service, team, "
+        "agent, user; the oldest out first), redacted, so that any replica or worker answers "
+        "a fetch line, and after a restart: in PostgreSQL under STORE_URL, else in "
+        "outputs.sqlite3 in the data dir; 0: only each process's own (MASK_FETCH_MB).",
+    )
+    mask_store_hours: float = Field(
+        24.0, gt=0, description="How long the store keeps a masked tool output."
+    )
+
     # --- identity ------------------------------------------------------------------------
     team_id: str | None = Field(None, description="Team when the request has no x-team-id.")
     agent_id: str | None = Field(None, description="Agent when the request has no x-agent-id.")
@@ -242,7 +253,9 @@ class Settings(BaseSettings):
     knowledge_ttl_s: float = Field(
         300.0, ge=0,
         description="How long discovery results are kept. A remote core's changes show "
-        "within it; the embedded core's (`ctxproxy knowledge ...`) on the next request.",
+        "within it; the embedded core's (`ctxproxy knowledge ...`) on the next request. Under "
+        "STORE_URL every replica hears of a change at once (PostgreSQL NOTIFY: a `ctxproxy "
+        "knowledge` command, or `ctxproxy knowledge changed` after a remote core's).",
     )
     capability_ttl_s: float = Field(
         3600.0, gt=0,

@@ -31,7 +31,7 @@ import re2
 from ctxproxy.injectors.bounds import RECORD_CHARS, WHITESPACE, cut_mark, ends, whole_words
 from ctxproxy.injectors.secret_rules import rules, spans
 
-__all__ = ["MARK", "redact", "redact_all"]
+__all__ = ["MARK", "redact", "redact_all", "redact_whole"]
 
 MARK = "[REDACTED]"
 KEY_MARK = "[REDACTED PRIVATE KEY]"
@@ -269,6 +269,25 @@ def redact(text: str) -> str:
             if done != text:  # a mark is in it now: ask again what may match
                 text, may = done, _may_match(done)
     return _maintained(text)
+
+
+def redact_whole(text: str) -> str:
+    """``redact`` of a text of any length, kept whole: redacted in pieces of at most
+    ``RECORD_CHARS``, each ending at a line break (a secret is on one line) and never inside
+    a private key's block (a masked tool output fetched back must be the output, not its
+    head and tail)."""
+    pieces, start = [], 0
+    while len(text) - start > RECORD_CHARS:
+        end = text.rfind("\n", start, start + RECORD_CHARS) + 1
+        if end <= start:
+            end = start + RECORD_CHARS  # one line longer than a piece: cut it anyway
+        begin = text.rfind("-----BEGIN", start, end)
+        if begin > start and text.find("-----END", begin, end) < 0:
+            end = begin  # the key goes whole into the next piece
+        pieces.append(redact(text[start:end]))
+        start = end
+    pieces.append(redact(text[start:]))
+    return "".join(pieces)
 
 
 def redact_all(texts: Sequence[str]) -> list[str]:

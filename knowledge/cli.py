@@ -9,7 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from ctxproxy.config import Settings
+from ctxproxy.knowledge.announce import announce
 from ctxproxy.knowledge.code_index import index_repository
 from ctxproxy.knowledge.store import FILENAME, Catalogue, WrongType
 from ctxproxy.knowledge.wiki import read_pages
@@ -51,7 +54,7 @@ def register(commands: Any) -> None:
 
     show = sub.add_parser("list", help="list the knowledge and its bindings")
     show.add_argument("--team", default=None, help="only this team's")
-    show.set_defaults(func=_run(list_knowledge))
+    show.set_defaults(func=_run(list_knowledge, changes=False))
 
     for name, fn, text in (("bind", bind, "bind knowledge to an agent for one user key"),
                            ("unbind", unbind, "remove a binding")):
@@ -71,8 +74,19 @@ def register(commands: Any) -> None:
     rm.add_argument("id", help="knowledge id (wiki-... or cg-...)")
     rm.set_defaults(func=_run(remove))
 
+    changed = sub.add_parser(
+        "changed",
+        help="tell every replica on CTXPROXY_STORE_URL to ask the core again now (after "
+        "changing a remote core's knowledge or bindings)",
+    )
+    changed.set_defaults(func=announce_change)
 
-def _run(fn: Callable[[Settings, argparse.Namespace, Catalogue], int]) -> Command:
+
+def _run(fn: Callable[[Settings, argparse.Namespace, Catalogue], int], *,
+         changes: bool = True) -> Command:
+    """``fn`` on the embedded catalogue; when it changed something (``changes`` and exit 0),
+    every replica on the store is told."""
+
     def command(settings: Settings, args: argparse.Namespace) -> int:
         if settings.core_url is not None:
             print(
@@ -82,11 +96,34 @@ def _run(fn: Callable[[Settings, argparse.Namespace, Catalogue], int]) -> Comman
             )
         catalogue = Catalogue.open(settings.data_dir / FILENAME)
         try:
-            return fn(settings, args, catalogue)
+            code = fn(settings, args, catalogue)
         finally:
             catalogue.close()
+        if code == 0 and changes and settings.store_url:
+            _announce(settings)
+        return code
 
     return command
+
+
+def _announce(settings: Settings) -> bool:
+    assert settings.store_url is not None
+    try:
+        announce(settings.store_url, settings.service_id)
+    except (psycopg.Error, OSError) as exc:
+        print(f"ctxproxy: note: the replicas could not be told ({type(exc).__name__}); they "
+              f"see the change within CTXPROXY_KNOWLEDGE_TTL_S", file=sys.stderr)
+        return False
+    return True
+
+
+def announce_change(settings: Settings, args: argparse.Namespace) -> int:
+    if not settings.store_url:
+        return _fail("changed needs CTXPROXY_STORE_URL: the replicas hear of changes there")
+    if not _announce(settings):
+        return 1
+    print("told every replica on the store to ask the core again")
+    return 0
 
 
 def _fail(message: str) -> int:

@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 
 __all__ = [
-    "BLOCK_TOKENS", "MIN_CACHED_TOKENS", "DirectCache", "Measure", "PartCounter", "cacheable",
-    "prompt_parts",
+    "BLOCK_TOKENS", "MIN_CACHED_TOKENS", "REFRESH_S", "TTL_S", "DirectCache", "Measure", "Nodes",
+    "PartCounter", "cacheable", "prompt_parts",
 ]
 
 BLOCK_TOKENS = 128
@@ -37,6 +37,12 @@ TTL_S = 600.0  # the bench's provider TTL (OpenAI: 5-10 minutes idle, at most an
 SESSIONS = 10_000  # sessions whose chains are kept, least recently used out
 CHAIN_NODES = 200_000  # chain nodes kept per session: a bound, never reached by real sessions
 PARTS = 500_000  # part token counts kept (digest -> tokens)
+# A node's time of use is written to the ledger's store when it is new, or when it moved by
+# this much since the store last had it: a session's request rewrites only the nodes of its
+# new items, not its whole chain; a node read back may look up to this much older.
+REFRESH_S = 60.0
+
+Nodes = dict[bytes, float]  # a session's chain nodes, each with when it was last used
 
 
 def prompt_parts(body: dict[str, Any]) -> list[bytes]:
@@ -210,6 +216,23 @@ class DirectCache:
         self.ttl_s = ttl_s
         self._max_sessions = sessions
         self._sessions: OrderedDict[str, OrderedDict[bytes, float]] = OrderedDict()
+
+    def seed(self, session: str, nodes: Nodes) -> None:
+        """Take ``nodes`` as all this cache knows of ``session`` (what the ledger's store
+        holds: every replica's requests of it, not only this process's)."""
+        self._sessions[session] = OrderedDict(sorted(nodes.items(), key=lambda n: n[1]))
+        self._sessions.move_to_end(session)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+
+    def changed(self, session: str, known: Nodes) -> list[tuple[bytes, float]]:
+        """The nodes of ``session`` that are not in ``known`` (the store's), or used
+        ``REFRESH_S`` or more after it last had them: what the store must be told."""
+        nodes = self._sessions.get(session)
+        if nodes is None:
+            return []
+        return [(link, used) for link, used in nodes.items()
+                if used - known.get(link, -REFRESH_S) >= REFRESH_S]
 
     def read_and_store(self, session: str, measure: Measure, now: float) -> int:
         """Tokens this body would have had cached sent directly; then remember its chain."""

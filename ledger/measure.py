@@ -34,14 +34,19 @@ from typing import Any, Protocol
 import orjson
 
 from ctxproxy.injectors import tokens
-from ctxproxy.ledger.counterfactual import DirectCache, PartCounter, cacheable
+from ctxproxy.ledger.counterfactual import DirectCache, Nodes, PartCounter, cacheable
 from ctxproxy.ledger.model import LedgerError, Record
 from ctxproxy.request.protocol import PROTOCOLS, RESPONSES
 
-__all__ = ["Bodies", "Counting", "InProcess", "InThread", "Measurer", "Pending"]
+__all__ = ["Bodies", "Counting", "InProcess", "InThread", "Known", "Measurer", "NodeRow",
+           "Pending"]
 
 log = logging.getLogger("ctxproxy.ledger")
 
+# The ledger store's chain nodes of a batch's sessions (None: the store could not say), and
+# the nodes a batch tells it back: (session, link, last used).
+Known = dict[str, Nodes] | None
+NodeRow = tuple[str, bytes, float]
 NICE = 19  # the lowest: the child counts when the workers, and whatever else, leave a core idle
 PARENT_POLL_S = 1.0
 
@@ -99,6 +104,19 @@ class Measurer:
                 records.append(pending.record)
         return records
 
+    def measure_known(self, batch: list[Pending], known: Known
+                      ) -> tuple[list[Record], list[NodeRow]]:
+        """``measure_all``, each session's direct cache first taken from ``known`` (the
+        store's: what every replica sent of it), and the nodes the store must now be told."""
+        if known is None:
+            return self.measure_all(batch), []
+        for session, nodes in known.items():
+            self._direct.seed(session, nodes)
+        records = self.measure_all(batch)
+        writes = [(session, link, used) for session, nodes in known.items()
+                  for link, used in self._direct.changed(session, nodes)]
+        return records, writes
+
     def measure(self, pending: Pending) -> Record:
         record = pending.record
         if not pending.parsed:
@@ -137,6 +155,9 @@ class Counting(Protocol):
 
     def measure_all(self, batch: list[Pending]) -> Awaitable[list[Record]]: ...
 
+    def measure_known(self, batch: list[Pending], known: Known
+                      ) -> Awaitable[tuple[list[Record], list[NodeRow]]]: ...
+
     async def close(self) -> None: ...
 
 
@@ -153,6 +174,12 @@ class InThread:
     async def measure_all(self, batch: list[Pending]) -> list[Record]:
         records: list[Record] = await self._offload(self.measurer.measure_all, batch)
         return records
+
+    async def measure_known(self, batch: list[Pending], known: Known
+                            ) -> tuple[list[Record], list[NodeRow]]:
+        done: tuple[list[Record], list[NodeRow]] = await self._offload(
+            self.measurer.measure_known, batch, known)
+        return done
 
     async def close(self) -> None:
         pass
@@ -191,14 +218,19 @@ class InProcess:
             raise LedgerError(f"no process for the counting: {exc}") from exc
 
     async def measure_all(self, batch: list[Pending]) -> list[Record]:
+        records, _ = await self.measure_known(batch, None)
+        return records
+
+    async def measure_known(self, batch: list[Pending], known: Known
+                            ) -> tuple[list[Record], list[NodeRow]]:
         # One batch at a time (the recorder has one worker): the pool that broke is this one.
         try:
-            records: list[Record] = await asyncio.wrap_future(
-                self._submit(_measure_in_child, batch))
+            done: tuple[list[Record], list[NodeRow]] = await asyncio.wrap_future(
+                self._submit(_measure_in_child, batch, known))
         except BrokenProcessPool as exc:  # it died with the batch, or before it
             self._executor = None  # the next batch starts another
             raise LedgerError("the counting process died with the batch") from exc
-        return records
+        return done
 
     async def close(self) -> None:
         executor, self._executor = self._executor, None
@@ -235,6 +267,7 @@ def _warm_child() -> None:
     tokens.encoding_name()
 
 
-def _measure_in_child(batch: list[Pending]) -> list[Record]:
+def _measure_in_child(batch: list[Pending], known: Known
+                      ) -> tuple[list[Record], list[NodeRow]]:
     assert _measurer is not None, "the child's initializer did not run"
-    return _measurer.measure_all(batch)
+    return _measurer.measure_known(batch, known)

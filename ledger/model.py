@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol
 
@@ -94,7 +95,21 @@ class Ledger(Protocol):
 
     async def close(self) -> None: ...
 
-    async def insert(self, records: list[Record]) -> None: ...
+    async def insert(self, records: list[Record],
+                     nodes: Sequence[tuple[str, bytes, float]] = ()) -> None:
+        """Add ``records``, and in the same transaction tell the direct-cost estimate's
+        state of their sessions ``nodes``: (session, chain link, last used)."""
+        ...
+
+    async def direct_nodes(self, sessions: Sequence[str], since: float
+                           ) -> dict[str, dict[bytes, float]]:
+        """Each of ``sessions``' chain nodes used at ``since`` or later (every session asked
+        has an entry, empty when the store has none)."""
+        ...
+
+    async def prune_direct(self, before: float) -> int:
+        """Forget the chain nodes last used before ``before``; how many went."""
+        ...
 
     async def prune(self, before: float) -> int:
         """Delete the rows older than ``before``; how many went."""

@@ -1,6 +1,8 @@
 """Writes the ledger's rows off the request path: the relay hands over what it saw and goes
 on; one worker task has the tokens counted and the direct counterfactual priced (in a child
-process, or a thread: ``ledger.measure``) and inserts the rows in batches. Bounded by rows
+process, or a thread: ``ledger.measure``) and inserts the rows in batches. The direct
+estimate's state is read from the store before each batch and written back with its rows, so
+that any replica continues a session's estimate. Bounded by rows
 and bytes; what does not fit is dropped and counted, never waited for. Owned by the app:
 started and drained in its cleanup context."""
 
@@ -13,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from ctxproxy.ledger.measure import Counting, Pending
+from ctxproxy.ledger.counterfactual import TTL_S
+from ctxproxy.ledger.measure import Counting, Known, Pending
 from ctxproxy.ledger.model import Ledger, LedgerError
 
 __all__ = ["DropReason", "Recorder"]
@@ -49,7 +52,7 @@ class Recorder:
         self._on_drop = on_drop
         self._clock = clock
         self._worker: asyncio.Task[None] | None = None
-        self._pruned_at = 0.0
+        self._pruned_at = -PRUNE_EVERY_S  # the first write prunes, whatever the uptime
         self.bytes = 0
         self.written = 0
         self.dropped = 0
@@ -107,9 +110,22 @@ class Recorder:
                     self.bytes -= pending.size
                     self._queue.task_done()
 
+    async def _known(self, batch: list[Pending]) -> Known:
+        """The store's direct-cost state of the batch's sessions (what every replica recorded
+        of them), or None when it cannot be read: then this process's own is used."""
+        sessions = sorted({p.record.session_id for p in batch if p.parsed})
+        if not sessions:
+            return {}
+        try:
+            return await self._ledger.direct_nodes(
+                sessions, min(p.record.at for p in batch) - TTL_S)
+        except LedgerError as exc:
+            log.warning("ledger: the direct-cost state could not be read: %s", exc)
+            return None
+
     async def _write(self, batch: list[Pending]) -> None:
         try:
-            records = await self.counting.measure_all(batch)
+            records, nodes = await self.counting.measure_known(batch, await self._known(batch))
         except LedgerError as exc:
             log.warning("ledger rows could not be measured: %s", exc)
             self._drop("failed", len(batch))
@@ -119,9 +135,9 @@ class Recorder:
             self._drop("failed", len(batch))
             return
         try:
-            await self._ledger.insert(records)
+            await self._ledger.insert(records, nodes)
             self.written += len(records)
-            await self._prune_now_and_then()
+            await self._prune_now_and_then(min(r.at for r in records))
         except LedgerError as exc:
             log.warning("ledger write failed: %s", exc)
             self._drop("failed", len(batch))
@@ -130,11 +146,17 @@ class Recorder:
             log.exception("ledger write failed")
             self._drop("failed", len(batch))
 
-    async def _prune_now_and_then(self) -> None:
+    async def _prune_now_and_then(self, oldest: float) -> None:
+        """Drop what is past its time: the direct-cost state older than the TTL before the
+        oldest row just written (by the rows' clock, which the next batch's rows read by),
+        and rows past the retention."""
         now = time.monotonic()
-        if self._retention_s <= 0 or now - self._pruned_at < PRUNE_EVERY_S:
+        if now - self._pruned_at < PRUNE_EVERY_S:
             return
         self._pruned_at = now
+        await self._ledger.prune_direct(oldest - TTL_S)
+        if self._retention_s <= 0:
+            return
         gone = await self._ledger.prune(self._clock() - self._retention_s)
         if gone:
             log.info("ledger: %d rows past the retention removed", gone)

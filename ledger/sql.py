@@ -17,15 +17,16 @@ from typing import Any
 from ctxproxy.ledger.model import RECORD_COLUMNS, Group, Record, Totals
 
 __all__ = [
-    "COLUMNS", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2", "TABLE",
-    "backfill_sql", "cache_write_migration", "from_row", "group_key", "hour_of",
-    "principal_migration", "protocol_migration", "rollup_rows", "scopes_sql", "series_params",
-    "series_sql", "timeline_sql", "to_row", "totals_from", "totals_query", "upsert_sql",
-    "with_principal",
+    "COLUMNS", "DIRECT", "HOUR", "INSERT_COLUMNS", "ROLLUP", "ROLLUP_TABLE", "ROLLUP_TABLE_V2",
+    "TABLE", "backfill_sql", "cache_write_migration", "direct_migration", "direct_select_sql",
+    "direct_upsert_sql", "from_row", "group_key", "hour_of", "principal_migration",
+    "protocol_migration", "rollup_rows", "scopes_sql", "series_params", "series_sql",
+    "timeline_sql", "to_row", "totals_from", "totals_query", "upsert_sql", "with_principal",
 ]
 
 TABLE = "ctxproxy_requests"
 ROLLUP = "ctxproxy_requests_hourly"
+DIRECT = "ctxproxy_direct_nodes"  # the direct-cost estimate's state (ledger/counterfactual.py)
 COLUMNS = ", ".join(RECORD_COLUMNS)
 INSERT_COLUMNS = COLUMNS + ", recalled"
 HOUR = 3600.0
@@ -200,6 +201,35 @@ def protocol_migration() -> tuple[str, ...]:
     """Version 5: the client protocol of each row ('': written before, when only the
     Responses API was recorded and then Messages requests as if they were)."""
     return (f"ALTER TABLE {TABLE} ADD COLUMN protocol text NOT NULL DEFAULT ''",)
+
+
+def direct_migration(dialect: int) -> tuple[str, ...]:
+    """Version 6: each session's prompt-cache chain nodes, with when each was last used, so
+    that whichever replica records a session's next request continues its estimate."""
+    blob, real, rowid = ("BLOB", "REAL", " WITHOUT ROWID") if dialect == 0 else (
+        "bytea", "double precision", "")
+    return (
+        f"CREATE TABLE {DIRECT} (session_id text NOT NULL, link {blob} NOT NULL, "
+        f"used_at {real} NOT NULL, PRIMARY KEY (session_id, link)){rowid}",
+        f"CREATE INDEX {DIRECT}_used ON {DIRECT} (used_at)",
+    )
+
+
+def direct_upsert_sql(dialect: int, mark: str) -> str:
+    """Tell the store a node's last use; a later one already there stays (replicas race)."""
+    newest = "max" if dialect == 0 else "greatest"
+    return (
+        f"INSERT INTO {DIRECT} (session_id, link, used_at) VALUES ({mark}, {mark}, {mark}) "
+        f"ON CONFLICT (session_id, link) DO UPDATE SET "
+        f"used_at = {newest}({DIRECT}.used_at, excluded.used_at)"
+    )
+
+
+def direct_select_sql(mark: str, sessions: int) -> str:
+    """The nodes of ``sessions`` sessions used since a time (the parameters: the sessions,
+    then the time)."""
+    return (f"SELECT session_id, link, used_at FROM {DIRECT} WHERE session_id IN "
+            f"({', '.join([mark] * sessions)}) AND used_at >= {mark}")
 
 
 def rollup_rows(records: Iterable[Record]) -> list[tuple[Any, ...]]:

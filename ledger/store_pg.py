@@ -3,13 +3,14 @@ database (``CTXPROXY_STORE_URL``), with its own migrations."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import psycopg
 
 from ctxproxy.ledger.model import Group, LedgerError, Record, ScopeKey, Totals
 from ctxproxy.ledger.sql import (
+    DIRECT,
     HOUR,
     INSERT_COLUMNS,
     ROLLUP,
@@ -17,6 +18,8 @@ from ctxproxy.ledger.sql import (
     TABLE,
     backfill_sql,
     cache_write_migration,
+    direct_migration,
+    direct_upsert_sql,
     from_row,
     principal_migration,
     protocol_migration,
@@ -82,7 +85,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (3, principal_migration(1)),  # each row says whose it is
     (4, cache_write_migration(1)),  # the cache writes the upstream reported
     (5, protocol_migration()),  # the client protocol of each row
+    (6, direct_migration(1)),  # the direct-cost estimate's state, per session
 )
+_DIRECT_UPSERT = direct_upsert_sql(1, "%s")
 _UPSERT = upsert_sql(1, "%s")
 _LOCK, _VERSIONS = "ctxproxy.ledger", f"{TABLE}_migrations"  # the advisory lock, the versions table
 _INSERT = (
@@ -125,14 +130,36 @@ class PostgresLedger:
         except (psycopg.Error, UnicodeError) as exc:
             raise LedgerError(f"postgres: {exc}") from exc
 
-    async def insert(self, records: list[Record]) -> None:
-        if not records:
+    async def insert(self, records: list[Record],
+                     nodes: Sequence[tuple[str, bytes, float]] = ()) -> None:
+        if not records and not nodes:
             return
         rolled = rollup_rows(records)
         async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
-            await cur.executemany(_INSERT, [to_row(r) for r in records])
-            # Sorted: concurrent replicas take the roll-up's row locks in one order.
-            await cur.executemany(_UPSERT, sorted(rolled))
+            if records:
+                await cur.executemany(_INSERT, [to_row(r) for r in records])
+                # Sorted: concurrent replicas take the roll-up's row locks in one order.
+                await cur.executemany(_UPSERT, sorted(rolled))
+            if nodes:
+                await cur.executemany(_DIRECT_UPSERT, sorted(nodes))
+
+    async def direct_nodes(self, sessions: Sequence[str], since: float
+                           ) -> dict[str, dict[bytes, float]]:
+        found: dict[str, dict[bytes, float]] = {s: {} for s in sessions}
+        if not sessions:
+            return found
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"SELECT session_id, link, used_at FROM {DIRECT} "
+                "WHERE session_id = ANY(%s) AND used_at >= %s", (list(sessions), since))
+            for session, link, used in await cur.fetchall():
+                found[session][bytes(link)] = used
+        return found
+
+    async def prune_direct(self, before: float) -> int:
+        async with self._conn() as conn, conn.transaction():
+            cur = await conn.execute(f"DELETE FROM {DIRECT} WHERE used_at < %s", (before,))
+            return cur.rowcount
 
     async def prune(self, before: float) -> int:
         hour = int(before // HOUR)

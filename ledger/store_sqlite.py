@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ctxproxy.ledger.model import Group, LedgerError, Record, ScopeKey, Totals
 from ctxproxy.ledger.sql import (
+    DIRECT,
     HOUR,
     INSERT_COLUMNS,
     ROLLUP,
@@ -19,6 +20,9 @@ from ctxproxy.ledger.sql import (
     TABLE,
     backfill_sql,
     cache_write_migration,
+    direct_migration,
+    direct_select_sql,
+    direct_upsert_sql,
     from_row,
     principal_migration,
     protocol_migration,
@@ -38,6 +42,7 @@ from ctxproxy.plumbing.sqlite import SYNC_NORMAL, immediate, migrate, open_file
 __all__ = ["MIGRATIONS", "SqliteLedger"]
 
 T = TypeVar("T")
+_SESSIONS_PER_SELECT = 500  # under SQLite's limit on a statement's parameters
 _BUSY_TIMEOUT_S = 5.0
 
 # Versioned schema (PRAGMA user_version of this file). Append; never edit an applied one.
@@ -87,7 +92,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (3, principal_migration(0)),  # each row says whose it is
     (4, cache_write_migration(0)),  # the cache writes the upstream reported
     (5, protocol_migration()),  # the client protocol of each row
+    (6, direct_migration(0)),  # the direct-cost estimate's state, per session
 )
+_DIRECT_UPSERT = direct_upsert_sql(0, "?")
 _UPSERT = upsert_sql(0, "?")
 
 _INSERT = (
@@ -145,8 +152,9 @@ class SqliteLedger:
             raise LedgerError("sqlite: the ledger is not open")
         return self._conn
 
-    async def insert(self, records: list[Record]) -> None:
-        if not records:
+    async def insert(self, records: list[Record],
+                     nodes: Sequence[tuple[str, bytes, float]] = ()) -> None:
+        if not records and not nodes:
             return
         rows = [to_row(r) for r in records]
         rolled = rollup_rows(records)
@@ -155,8 +163,29 @@ class SqliteLedger:
             with immediate(self._db()) as db:
                 db.executemany(_INSERT, rows)
                 db.executemany(_UPSERT, rolled)
+                db.executemany(_DIRECT_UPSERT, nodes)
 
         await self._run(insert)
+
+    async def direct_nodes(self, sessions: Sequence[str], since: float
+                           ) -> dict[str, dict[bytes, float]]:
+        def select() -> dict[str, dict[bytes, float]]:
+            found: dict[str, dict[bytes, float]] = {s: {} for s in sessions}
+            for start in range(0, len(sessions), _SESSIONS_PER_SELECT):
+                some = list(sessions[start : start + _SESSIONS_PER_SELECT])
+                sql = direct_select_sql("?", len(some))
+                for session, link, used in self._db().execute(sql, (*some, since)):
+                    found[session][bytes(link)] = used
+            return found
+
+        return await self._run(select)
+
+    async def prune_direct(self, before: float) -> int:
+        def prune() -> int:
+            with immediate(self._db()) as db:
+                return db.execute(f"DELETE FROM {DIRECT} WHERE used_at < ?", (before,)).rowcount
+
+        return await self._run(prune)
 
     async def prune(self, before: float) -> int:
         hour = int(before // HOUR)

@@ -18,13 +18,16 @@ from typing import Any
 from ctxproxy.injectors import memory_blocks
 from ctxproxy.memory.cpu import Offload
 from ctxproxy.memory.model import Memory, Scope, Store
-from ctxproxy.memory.snippets import SNIPPET_TOKENS, snippet
+from ctxproxy.memory.snippets import snippet
 
 __all__ = ["TOOLS", "ChatMemory", "ToolError"]
 
 Body = dict[str, Any]
 MAX_QUERY_CHARS = 2000
 READ_CHARS = 64_000  # what ``read`` returns of one memory at most
+# What a search result shows of one memory: its own size, not recall's (memory.snippets):
+# the model asks again or reads a memory whole when a result is not enough.
+ASSET_SNIPPET_TOKENS = 160
 
 TOOLS: list[Body] = [
     {"name": "search",
@@ -112,7 +115,7 @@ class ChatMemory:
 
         def shown() -> list[Body]:
             return [{**_head(h.memory), "snippet": snippet(h.memory.text, query,
-                                                           SNIPPET_TOKENS * 2).text}
+                                                           ASSET_SNIPPET_TOKENS * 2).text}
                     for h in hits]
 
         return {"query": query, "results": await self._offload(shown)}
@@ -135,7 +138,7 @@ class ChatMemory:
 
         def shown() -> list[Body]:
             # The newest first; each as its first lines: read shows one whole.
-            return [{**_head(m), "snippet": snippet(m.text, "", SNIPPET_TOKENS).text}
+            return [{**_head(m), "snippet": snippet(m.text, "", ASSET_SNIPPET_TOKENS).text}
                     for m in found]
 
         return {"session_id": session, "results": await self._offload(shown)}

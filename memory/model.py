@@ -153,6 +153,19 @@ class Store(Protocol):
         names (a turn that left the forwarded window, nothing else of it changed); returns how
         many records there were."""
 
+    async def placements(
+        self, scope: Scope, session: str, names: Sequence[str]
+    ) -> dict[str, bytes]:
+        """The stored placements of ``session`` (what memory put where in its requests:
+        memory.place) among ``names``, by name."""
+
+    async def place(self, scope: Scope, session: str, name: str, value: bytes, *,
+                    now: float) -> None:
+        """Store one placement of ``session``, replacing any of that name."""
+
+    async def forget_placements(self, before: float) -> int:
+        """Delete the placements last stored before ``before``; how many went."""
+
     # --- vectors (hybrid recall; see memory.vectors) ---------------------------------------
 
     async def put_vectors(self, rows: Sequence[VectorRow]) -> None:

@@ -141,6 +141,19 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "SELECT gin_clean_pending_list('memories_tsv'::regclass)",
         ),
     ),
+    (
+        6,
+        (
+            # What memory put where in a session's requests (memory/place.py): any replica
+            # puts the same bytes in the session's next request.
+            """CREATE TABLE memory_placements (
+                service_id text NOT NULL, team_id text NOT NULL, agent_id text NOT NULL,
+                user_ref text NOT NULL, session_id text NOT NULL, name text NOT NULL,
+                value bytea NOT NULL, updated_at double precision NOT NULL,
+                PRIMARY KEY (service_id, team_id, agent_id, user_ref, session_id, name))""",
+            "CREATE INDEX memory_placements_updated ON memory_placements (updated_at)",
+        ),
+    ),
 )
 _LOCK, _VERSIONS = "ctxproxy.memory", "ctxproxy_migrations"  # the advisory lock, the versions table
 

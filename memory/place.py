@@ -1,26 +1,34 @@
 """Where a turn's memory goes in a request: the standing block before the first forwarded
 turn, pinned byte for byte until the window cuts, and each turn's recall message before its
 prompt, the same bytes on every request while the turn is forwarded (see ``memory.step``).
+
+What went where is kept in this process (bounded LRUs) and in the store (``share``, read back
+by ``load`` when a turn is prepared here first), so that any replica or worker puts the same
+bytes in a session's next request.
 """
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import orjson
 from cachetools import LRUCache
 from prometheus_client import Counter
 
 from ctxproxy.injectors.instructions import SEPARATOR, append_block
 from ctxproxy.memory.keep import Keep
-from ctxproxy.memory.model import Memory, Scope
+from ctxproxy.memory.model import Memory, Scope, Store, StoreError
 from ctxproxy.request import Exchange, Item
 
 __all__ = [
     "PINNED_CACHED", "RECALLS_CACHED", "Pinned", "Placer", "Prepared", "Shown", "TurnKey",
     "developer_message", "forwarded_turns",
 ]
+
+log = logging.getLogger("ctxproxy.memory")
 
 PINNED_CACHED = 4096  # sessions' pinned standing blocks
 RECALLS_CACHED = 16384  # turns' recall messages (a few hundred bytes each)
@@ -80,16 +88,55 @@ def forwarded_turns(ex: Exchange, scope: Scope, session: str) -> list[tuple[int,
     ]
 
 
+PINNED = "pinned"  # the name of a session's pinned standing block in the store
+# A session idle this long loses its placements (its next request on another replica then
+# gets no earlier recall messages: correct, just less cached); each process deletes them at
+# most once in PRUNE_EVERY_S.
+PLACEMENTS_KEPT_S = 7 * 86_400.0
+PRUNE_EVERY_S = 3600.0
+
+
+def shown_name(key: TurnKey) -> str:
+    """The name of a turn's recall message in the store (its session's placements)."""
+    return f"shown:{key[3]}:{key[2]}"
+
+
+def _shown_bytes(shown: Shown) -> bytes:
+    lines = [[memory_id, sorted(of)] for memory_id, of in shown.lines]
+    return orjson.dumps({"message": shown.message, "lines": lines})
+
+
+def _shown_of(raw: bytes) -> Shown:
+    data = orjson.loads(raw)
+    return Shown(data["message"],
+                 tuple((memory_id, frozenset(of)) for memory_id, of in data["lines"]))
+
+
+def _pinned_bytes(pinned: Pinned) -> bytes:
+    return orjson.dumps({"first": [pinned.first[2], pinned.first[3]], "message": pinned.message,
+                         "chosen": [asdict(m) for m in pinned.chosen], "used": pinned.used})
+
+
+def _pinned_of(raw: bytes, scope: Scope, session: str) -> Pinned:
+    data = orjson.loads(raw)
+    chosen = tuple(Memory(**{**m, "scope": Scope(**m["scope"])}) for m in data["chosen"])
+    prompt, position = data["first"]
+    return Pinned((scope, session, prompt, position), data["message"], chosen, data["used"])
+
+
 class Placer:
     """Puts a turn's memory into each request, and remembers what went where: the recall
-    message each turn showed, and each session's pinned standing block (bounded LRUs: a
-    replica without them leaves them out, which is correct, just less cached)."""
+    message each turn showed, and each session's pinned standing block (bounded LRUs, and
+    with ``store`` the store: a replica that has neither leaves them out, which is correct,
+    just less cached)."""
 
     def __init__(
         self, placement: Literal["split", "instructions"], *,
-        forwarded_whole: Counter | None = None,
+        forwarded_whole: Counter | None = None, store: Store | None = None,
     ) -> None:
         self.placement = placement
+        self._store = store
+        self._pruned_at: float | None = None  # when this process last deleted old ones
         self._whole_count = forwarded_whole
         self._shown: LRUCache[TurnKey, Shown] = LRUCache(RECALLS_CACHED)
         self._pinned: LRUCache[tuple[Scope, str], Pinned] = LRUCache(PINNED_CACHED)
@@ -100,6 +147,53 @@ class Placer:
 
     def remember(self, key: TurnKey, shown: Shown) -> None:
         self._shown[key] = shown
+
+    async def load(self, scope: Scope, session: str, forwarded: list[tuple[int, TurnKey]]
+                   ) -> None:
+        """Take from the store what this process lacks of the placements the forwarded turns
+        had (another replica placed them); the store failing leaves them out (logged)."""
+        if self._store is None or not forwarded:
+            return
+        missing = {shown_name(key): key for _, key in forwarded if key not in self._shown}
+        pinned = self._pinned.get((scope, session))
+        names = [*missing] + ([PINNED] if pinned is None or pinned.first != forwarded[0][1]
+                              else [])
+        if not names:
+            return
+        try:
+            found = await self._store.placements(scope, session, names)
+        except StoreError as exc:
+            log.warning("memory placements could not be read: %s", exc)
+            return
+        for name, raw in found.items():
+            if name == PINNED:
+                self._pinned[(scope, session)] = _pinned_of(raw, scope, session)
+            else:
+                self._shown[missing[name]] = _shown_of(raw)
+
+    async def share(self, key: TurnKey, shown: Shown | None = None,
+                    pinned: Pinned | None = None, *, now: float) -> None:
+        """Remember a turn's recall message (``shown``) or its session's pinned block
+        (``pinned``) here and in the store, for the session's next request wherever it goes;
+        the store failing keeps them here only (logged)."""
+        scope, session = key[0], key[1]
+        if shown is not None:
+            self._shown[key] = shown
+        if pinned is not None:
+            self._pinned[(scope, session)] = pinned
+        if self._store is None:
+            return
+        try:
+            if shown is not None:
+                await self._store.place(scope, session, shown_name(key), _shown_bytes(shown),
+                                        now=now)
+            if pinned is not None:
+                await self._store.place(scope, session, PINNED, _pinned_bytes(pinned), now=now)
+            if self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY_S:
+                self._pruned_at = now
+                await self._store.forget_placements(now - PLACEMENTS_KEPT_S)
+        except StoreError as exc:
+            log.warning("memory placements could not be stored: %s", exc)
 
     def pin(self, scope: Scope, session: str, first: TurnKey | None) -> Pinned | None:
         """The session's pinned standing block, while ``first`` (the first forwarded turn)

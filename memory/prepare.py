@@ -258,8 +258,26 @@ class TurnPreparer:
             began, now, own, forwarded, newest, found, pinned, reading)),
             (found, reading))
 
+    async def _shared(self, scope: Scope, session: str, begun: _Begun) -> _Begun:
+        """``begun`` with what another replica placed for this session (its recall of this
+        turn, its pinned block): the reads those make needless are dropped."""
+        if self._placer.placement != "split" or not begun.forwarded:
+            return begun
+        await self._placer.load(scope, session, begun.forwarded)
+        newest = begun.newest or self._placer.shown(begun.forwarded[-1][1])
+        pinned = begun.pinned or self._placer.pin(scope, session, begun.forwarded[0][1])
+        found, reading = begun.found, begun.reading
+        if newest is not None and found is not None:
+            drop(found)
+            found = None
+        if pinned is not None and reading is not None:
+            drop(reading)
+            reading = None
+        return begun._replace(newest=newest, found=found, pinned=pinned, reading=reading)
+
     async def _prepare(self, scope: Scope, session: str, ex: Exchange, begun: _Begun) -> Prepared:
         try:
+            begun = await self._shared(scope, session, begun)
             split = await self._split(scope, session, ex, begun)
         except BaseException:
             drop(begun.found)
@@ -324,10 +342,21 @@ class TurnPreparer:
         )
         message = developer_message(recall_text) if recall_text else None
         forwarded, newest = begun.forwarded, begun.newest
+        recalled_ids = tuple(m.memory_id for m in recalled)
+        if newest is not None:  # recalled by an earlier request, maybe on another replica
+            recalled_ids = tuple(memory_id for memory_id, _ in newest.lines)
         if forwarded and self._placer.placement == "split":
+            first, last = forwarded[0][1], forwarded[-1][1]
+            shown = pinned = None
             if newest is None:  # the first to recall for this turn decides its bytes
-                newest = Shown(message, recall_lines)
-                self._placer.remember(forwarded[-1][1], newest)
+                newest = shown = Shown(message, recall_lines)
+            if begun.pinned is None and self._placer.pin(first[0], first[1], first) is None:
+                # The standing block this request puts before its first turn, pinned now (as
+                # Placer.apply would) so that the store has it for the session's next request.
+                pinned = Pinned(first, developer_message(standing_text) if standing_text
+                                else None, tuple(standing), used)
+            if shown is not None or pinned is not None:
+                await self._placer.share(last, shown, pinned, now=begun.now)
             message = newest.message
         return Prepared(
             keep=keep,
@@ -335,8 +364,8 @@ class TurnPreparer:
             chosen=tuple(standing),
             used=used,
             recall=recall_text,
-            recalled=len(standing) + len(recalled),
-            ids=tuple(m.memory_id for m in (*standing, *recalled)),
+            recalled=len(standing) + len(recalled_ids),
+            ids=(*(m.memory_id for m in standing), *recalled_ids),
             message=message,
             mode=mode,
         )

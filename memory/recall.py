@@ -20,9 +20,10 @@ recall block at all. One line, not the whole memory: a turn with pages of tool o
 a few of any question's words somewhere, which says nothing.
 
 A question that names a speaker of a dialogue a memory holds (memory.speakers) asks what that
-speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, the
-dialogues are left out (only another's reply echoing the words matched: the question names
-the wrong speaker, or something nobody said).
+speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, or
+the lines that speak of another's things (another's "I", the named one's "you") hold
+OWN_MARGIN more of them than those that speak of the named one's, the dialogues are left out
+(the question names the wrong speaker, or something nobody said).
 
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
@@ -70,6 +71,8 @@ MAX_MENTIONED = 5
 # The share of a question's other words that a line said by the speaker it names must hold
 # (bench/RESULTS.md, LoCoMo: chosen on conversations 0-4).
 SAID_MIN_SCORE = 0.3
+# How much more of them the lines speaking of another's things may hold (same).
+OWN_MARGIN = 0.1
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
 
 Mode = Literal["lexical", "hybrid", "lexical-degraded"]
@@ -112,12 +115,17 @@ def _outside(memory: Memory, window: Collection[str]) -> bool:
 
 def _spoken(candidates: Sequence[Candidate], query: str) -> Sequence[Candidate]:
     """``candidates`` less the dialogues (memory.speakers) when the question names their
-    speakers and no line those speakers said holds SAID_MIN_SCORE of its other words: such a
-    question asks what one of them said that none of them did (it names the wrong one), and
-    the lines that hold its words, said by another, would mislead more than inform."""
+    speakers and asks what they said that none of them did (it names the wrong one): no line
+    those speakers said holds SAID_MIN_SCORE of its other words, or the lines that speak of
+    another's things (another's "I", the named one's "you") hold OWN_MARGIN more of them than
+    any line that speaks of the named one's. The lines that hold its words would then mislead
+    more than inform."""
     said = [(c, said_match(c.memory.text, query)) for c in candidates]
-    best = max((m[0] for _, m in said if m is not None), default=None)
-    if best is None or best >= SAID_MIN_SCORE:
+    held = [m for _, m in said if m is not None]
+    if not held:
+        return candidates
+    if (max(m.said for m in held) >= SAID_MIN_SCORE
+            and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN):
         return candidates
     return [c for c, m in said if m is None or c.relevance >= MENTIONED]
 

@@ -20,16 +20,18 @@ from itertools import accumulate
 from cachetools import LRUCache
 
 from ctxproxy.injectors import tokens
-from ctxproxy.memory.speakers import named, speakers_of
+from ctxproxy.memory.speakers import FIRST, SECOND, Said, named, persons_of, speakers_of
 from ctxproxy.memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from ctxproxy.memory.words import WORD, terms
 
 __all__ = [
     "GAP", "SNIPPET_TOKENS", "Snippet", "best_match", "line_matches", "lines_of", "said_match",
-    "snippet",
+    "snippet", "stamps_once",
 ]
 
-SNIPPET_TOKENS = 160  # what one recalled memory may take at most
+# What one recalled memory may take at most: fewer, longer snippets found more evidence for
+# their tokens than more, shorter ones (bench/RESULTS.md, LoCoMo).
+SNIPPET_TOKENS = 250
 MAX_LINES = 4  # matching lines a snippet shows at most (each with the call that printed it)
 LINE_CHARS = 240  # a shown line longer than this is cut around its first matching word
 GAP = INDENT + "…"
@@ -152,7 +154,7 @@ class _Text:
     whole word, after the label), remembered as questions ask."""
 
     __slots__ = ("_words", "asked_long", "contexts", "index", "labels", "lines", "low",
-                 "low_lines", "size", "speakers", "starts", "text")
+                 "low_lines", "persons", "size", "speakers", "starts", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -167,6 +169,7 @@ class _Text:
         self.speakers = speakers_of(self.lines, [
             len(INDENT) if line.startswith(INDENT) else label
             for line, label in zip(self.lines, self.labels, strict=True)])
+        self.persons: tuple[int, ...] | None = None  # memory.speakers.persons_of, on demand
         self._words: dict[str, tuple[int, ...]] = {}
         # About the bytes held: the text, its lines and their lower case (the key and this),
         # each line's entries (with its speaker), and the words remembered; an over-estimate of
@@ -412,25 +415,29 @@ def whole_match(text: str, query: str) -> float:
     return _match(words_of, parsed.contexts, asked.parts[0])
 
 
-def said_match(text: str, query: str) -> tuple[float, float] | None:
+def said_match(text: str, query: str) -> Said | None:
     """When ``query`` names speakers of a dialogue in ``text`` (memory.speakers): the best
-    share of its other words one line said by them holds, and one said by another speaker;
-    None otherwise. A line counts alone here, not with the line before it."""
+    share of its other words one line holds, by who said it and of whose things it speaks
+    (``Said``); None otherwise. A line counts alone here, not with the line before it."""
     parsed = _parse(text)
     asked = _asked(query)
     names = named(parsed.speakers, asked.parts[0], query)
     wanted = asked.parts[0] - names
     if not names or not wanted:
         return None
-    said = other = 0.0
-    for words, speaker in zip(_words_by_line(parsed, wanted, asked.lines), parsed.speakers,
-                              strict=True):
+    if parsed.persons is None:
+        parsed.persons = persons_of(parsed.low_lines, parsed.speakers)  # a race: the same
+    said = [0.0] * 4
+    for words, speaker, person in zip(_words_by_line(parsed, wanted, asked.lines),
+                                      parsed.speakers, parsed.persons, strict=True):
         share = len(words) / len(wanted)
-        if speaker and speaker & names:
-            said = max(said, share)
-        else:
-            other = max(other, share)
-    return said, other
+        theirs = bool(speaker and speaker & names)
+        said[0 if theirs else 1] = max(said[0 if theirs else 1], share)
+        if person & (FIRST if theirs else SECOND):
+            said[2] = max(said[2], share)
+        if person & (SECOND if theirs else FIRST):
+            said[3] = max(said[3], share)
+    return Said(*said)
 
 
 def best_match(text: str, query: str) -> float:
@@ -453,7 +460,8 @@ def snippet(
     that match ``query`` best (at most MAX_LINES, none under half the best line's match),
     each with the call that printed it, in their original order, '…' where lines were left
     out; with no line in common, the first lines. A line's match weighs each query word it
-    holds by how few lines hold it: the line with the word few lines have is the answer.
+    holds by how few lines hold it: the line with the word few lines have is the answer. A
+    line's stamp that repeats the line above's is left out (``stamps_once``).
     Deterministic: the same memory and question give the same bytes.
     """
     found = _best(text, query)
@@ -462,7 +470,7 @@ def snippet(
     # A token covers one character at least and rarely more than a dozen: skip counting
     # a text that is surely short, or surely long.
     if len(text) <= max_tokens or (len(text) < 12 * max_tokens and count(text) <= max_tokens):
-        return Snippet(text, found.match)
+        return Snippet(stamps_once(text), found.match)
     df = Counter(w for ws in words_of for w in ws)
     weight = {w: math.log(1 + len(lines) / k) for w, k in df.items()}
     scores = [sum(map(weight.__getitem__, ws)) if ws else 0 for ws in words_of]  # sum(()): 0
@@ -479,7 +487,7 @@ def snippet(
 
     used = cost(0)
     if used > max_tokens:
-        return Snippet(shown[0][: max(max_tokens, 1)], found.match)
+        return Snippet(stamps_once(shown[0][: max(max_tokens, 1)]), found.match)
     chosen = {0}
     # With no line in common, the first lines in order; when only the prompt matches, the
     # prompt alone.
@@ -500,7 +508,7 @@ def snippet(
         else:
             if not matched:
                 break  # in order: no gaps
-    return Snippet(_joined(chosen, shown, len(lines)), found.match)
+    return Snippet(stamps_once(_joined(chosen, shown, len(lines))), found.match)
 
 
 def _joined(chosen: Collection[int], shown: Mapping[int, str], n_lines: int) -> str:
@@ -514,6 +522,29 @@ def _joined(chosen: Collection[int], shown: Mapping[int, str], n_lines: int) -> 
         last = n
     if last != n_lines - 1:
         out.append(GAP)
+    return "\n".join(out)
+
+
+# A bracketed stamp with a digit where a line's own text starts (after its entry's label or
+# indent): a transcript's "[3 March, 2023] Ada: ...", a log's "[12:00] ..."; not a checkbox's
+# "[ ] " or a level's "[INFO] ". Bounded: linear.
+_STAMP = re.compile(r"\[(?=[^\]\n]{0,40}\d)[^\]\n]{1,40}\] ")
+
+
+def stamps_once(text: str) -> str:
+    """``text`` with a line's stamp left out where it repeats the stamp the line above it
+    showed: a transcript dates every line of a session alike, and the date cost about 7
+    tokens a line in a recall block."""
+    out: list[str] = []
+    last = None
+    for line in text.split("\n"):
+        start = len(INDENT) if line.startswith(INDENT) else _label_chars(line.lower())
+        found = _STAMP.match(line, start)
+        if found is not None:
+            if found.group() == last:
+                line = line[:start] + line[found.end():]
+            last = found.group()
+        out.append(line)
     return "\n".join(out)
 
 

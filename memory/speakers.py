@@ -5,7 +5,9 @@ A turn may carry a conversation ("[3 March, 2023] Ada: ..." one line per utteran
 "Ada: ..." alone). A question that names one of its speakers ("what did Ada ...") asks what
 that speaker said: when no line of theirs holds the question's other words, only a reply
 of another's that echoes them ("Thanks, Ada! ..."), the question is about something the
-memory does not say (memory.recall's gate). Pure, linear in the text.
+memory does not say (memory.recall's gate). So it is too when the lines holding its words
+speak of another's things: another's "I ran a race", the named one's "your race"
+(``persons_of``, ``Said``). Pure, linear in the text.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from typing import NamedTuple
 
 from ctxproxy.memory.turns import INDENT
 from ctxproxy.memory.words import WORD
 
-__all__ = ["named", "speakers_of"]
+__all__ = ["FIRST", "SECOND", "Said", "named", "persons_of", "speakers_of"]
 
 # An optional bracketed stamp, then one to three capitalised words and ': '. Bounded
 # repetitions, anchored where the line's own text starts: linear.
@@ -55,3 +58,30 @@ def named(speakers: Sequence[frozenset[str] | None], words: AbstractSet[str],
     capital = {m.group().lower() for m in WORD.finditer(query) if m.group()[0].isupper()}
     return frozenset(said & capital)
 
+
+
+FIRST, SECOND = 1, 2  # a line speaks in the first person, in the second
+_FIRST = re.compile(r"\b(?:i|me|my|mine|myself|we|us|our|ours)\b")
+_SECOND = re.compile(r"\b(?:you|your|yours|yourself|yourselves)\b")
+
+
+def persons_of(low_lines: Sequence[str], speakers: Sequence[frozenset[str] | None]
+               ) -> tuple[int, ...]:
+    """For each line said by a speaker (``speakers_of``), FIRST | SECOND as it holds a word
+    of the first person ("I", "my", ...) and of the second ("you", ...); 0 for another line.
+    ``low_lines``: the lines in lower case."""
+    return tuple(
+        (FIRST if _FIRST.search(line) else 0) | (SECOND if _SECOND.search(line) else 0)
+        if speaker else 0
+        for line, speaker in zip(low_lines, speakers, strict=True))
+
+
+class Said(NamedTuple):
+    """How a dialogue's lines hold a question's words (its words but the speakers it names):
+    the best share one line holds, by who said it and of whose things it speaks."""
+
+    said: float  # a line the named speaker said
+    other: float  # a line another speaker said
+    own: float  # a line about the named speaker's own: theirs in the first person, or
+    # another's in the second ("I ran a race" said by them, "your race" said to them)
+    others_own: float  # a line about another's own: the reverse

@@ -203,6 +203,20 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         INSERT INTO memories_fts (memories_fts) VALUES ('rebuild');
         """,
     ),
+    (
+        8,
+        # What memory put where in a session's requests (memory/place.py): any worker puts
+        # the same bytes in the session's next request.
+        """
+        CREATE TABLE memory_placements (
+            service_id TEXT NOT NULL, team_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+            user_ref TEXT NOT NULL, session_id TEXT NOT NULL, name TEXT NOT NULL,
+            value BLOB NOT NULL, updated_at REAL NOT NULL,
+            PRIMARY KEY (service_id, team_id, agent_id, user_ref, session_id, name)
+        ) WITHOUT ROWID;
+        CREATE INDEX memory_placements_updated ON memory_placements (updated_at);
+        """,
+    ),
 )
 
 def scope_token(service_id: str, team_id: str, agent_id: str, user: str) -> str:

@@ -15,7 +15,8 @@ A turn's recall message stays where it was put (before the turn's prompt) for as
 turn is in the forwarded window: later requests re-insert the same bytes, so the forwarded
 history only grows between window cuts and the provider's prompt cache keeps all of it. The
 messages are kept per turn (a key derived from the history: the prompt's digest and position)
-in a bounded LRU; a replica without them leaves them out, which is correct, just less cached.
+in a bounded LRU and in the store, which a replica that prepares the session's turn first
+reads: any replica puts the same bytes in.
 The standing block (working and semantic memory) goes before the first forwarded turn and is
 pinned there until the window cuts, so it never breaks the cache on its own. Until then it is
 not chosen again: a turn reads no standing memory, and recall leaves out what the pinned block
@@ -34,7 +35,7 @@ from ctxproxy.memory.answer import Answers, Awaiting
 from ctxproxy.memory.cpu import Offload
 from ctxproxy.memory.health import Health
 from ctxproxy.memory.ingest import Ingester
-from ctxproxy.memory.model import Scope
+from ctxproxy.memory.model import Scope, Store
 from ctxproxy.memory.place import Placer, Prepared
 from ctxproxy.memory.prepare import Metrics, TurnPreparer
 from ctxproxy.memory.prepare import texts as _texts  # bench/recall_pick.py times it here
@@ -75,11 +76,14 @@ class MemoryStep:
         offload: Offload = asyncio.to_thread,
         recall_modes: Counter | None = None,
         forwarded_whole: Counter | None = None,
+        placements: Store | None = None,
     ) -> None:
         self._settings = settings
         self._budget_s = settings.memory_timeout_ms / 1000
         self._health = health
-        self._placer = Placer(settings.memory_placement, forwarded_whole=forwarded_whole)
+        # With ``placements`` (the store), what went where is shared with every replica.
+        self._placer = Placer(settings.memory_placement, forwarded_whole=forwarded_whole,
+                              store=placements)
         self._preparer = TurnPreparer(
             settings, working=working, ingester=ingester, recaller=recaller, queue=queue,
             health=health, placer=self._placer, offload=offload,

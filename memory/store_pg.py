@@ -312,6 +312,39 @@ class PostgresStore:
 
     # --- vectors -------------------------------------------------------------------------------
 
+    async def placements(
+        self, scope: Scope, session: str, names: Sequence[str]
+    ) -> dict[str, bytes]:
+        if not names:
+            return {}
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT name, value FROM memory_placements WHERE service_id = %s AND"
+                " team_id = %s AND agent_id = %s AND user_ref = %s AND session_id = %s"
+                " AND name = ANY(%s)",
+                (scope.service_id, scope.team_id, scope.agent_id, scope.user, session,
+                 list(names)),
+            )
+            rows = await cur.fetchall()
+        return {str(name): bytes(value) for name, value in rows}
+
+    async def place(self, scope: Scope, session: str, name: str, value: bytes, *,
+                    now: float) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "INSERT INTO memory_placements VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (service_id, team_id, agent_id, user_ref, session_id, name)"
+                " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                (scope.service_id, scope.team_id, scope.agent_id, scope.user, session, name,
+                 value, now),
+            )
+
+    async def forget_placements(self, before: float) -> int:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "DELETE FROM memory_placements WHERE updated_at < %s", (before,))
+            return cur.rowcount
+
     async def put_vectors(self, rows: Sequence[VectorRow]) -> None:
         if not rows:
             return

@@ -281,6 +281,45 @@ class SqliteStore:
 
         return await self._threads.run(set_)
 
+    async def placements(
+        self, scope: Scope, session: str, names: Sequence[str]
+    ) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(names))[:_KEYS_PER_QUERY]  # a session's few names
+        if not wanted:
+            return {}
+
+        def placements_() -> dict[str, bytes]:
+            rows = self._threads.db().execute(
+                "SELECT name, value FROM memory_placements WHERE service_id = ? AND team_id = ?"
+                " AND agent_id = ? AND user_ref = ? AND session_id = ?"
+                f" AND name IN ({', '.join('?' * len(wanted))})",
+                [*scope_params(scope), session, *wanted],
+            )
+            return {str(name): bytes(value) for name, value in rows}
+
+        return await self._threads.read(placements_)
+
+    async def place(self, scope: Scope, session: str, name: str, value: bytes, *,
+                    now: float) -> None:
+        def place_() -> None:
+            with self._threads.writing() as db:
+                db.execute(
+                    "INSERT INTO memory_placements VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (service_id, team_id, agent_id, user_ref, session_id, name)"
+                    " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                    [*scope_params(scope), session, name, value, now],
+                )
+
+        await self._threads.run(place_)
+
+    async def forget_placements(self, before: float) -> int:
+        def forget_() -> int:
+            with self._threads.writing() as db:
+                return db.execute(
+                    "DELETE FROM memory_placements WHERE updated_at < ?", (before,)).rowcount
+
+        return await self._threads.run(forget_)
+
     # --- vectors -------------------------------------------------------------------------------
 
     async def put_vectors(self, rows: Sequence[VectorRow]) -> None:

@@ -22,6 +22,7 @@ from ctxproxy.memory.chat_asset import TOOLS, ChatMemory, ToolError
 from ctxproxy.memory.model import Scope, StoreError
 from ctxproxy.memory.step import scope_of
 from ctxproxy.proxy.memory_wiring import MEMORY
+from ctxproxy.proxy.output_store import scope_of as output_scope
 from ctxproxy.proxy.outputs import archive
 from ctxproxy.request import Identity
 
@@ -76,7 +77,7 @@ class ChatMemoryAssets:
         if not isinstance(tool, str) or not isinstance(params, dict):
             raise ServiceError(400, "tool_name must be a string and params an object")
         if tool == "read" and "output_id" in params:
-            return self._output(session, params.get("output_id"))
+            return await self._output(grant, session, params.get("output_id"))
         scope = Scope(grant.service_id, grant.team_id, grant.agent_id, grant.user)
         try:
             return await self._memory().call(scope, session, tool, params)
@@ -85,11 +86,14 @@ class ChatMemoryAssets:
         except StoreError as exc:
             raise ServiceError(503, f"the memory store failed ({type(exc).__name__})") from exc
 
-    def _output(self, session: str | None, output_id: object) -> Body:
+    async def _output(self, grant: Grant, session: str | None, output_id: object) -> Body:
+        """A masked output of the grant's own scope and the caller's session."""
         kept = archive(self._app)
         if not isinstance(output_id, str) or not output_id:
             raise ServiceError(400, "params.output_id must be a non-empty string")
-        text = kept.get(output_id, session or "") if kept is not None and session else None
+        scope = output_scope(grant.service_id, grant.team_id, grant.agent_id, grant.user)
+        text = (await kept.find(output_id, session, scope) if kept is not None and session
+                else None)
         if text is None:
             raise ServiceError(404, f"no output {output_id!r} for this session here; rerun "
                                     "the command that printed it")

@@ -11,12 +11,14 @@ from aiohttp import web
 
 from ctxproxy.config import Settings
 from ctxproxy.config.files import secret_key
+from ctxproxy.knowledge.announce import CHANNEL, Changes
 from ctxproxy.knowledge.capability import CapabilityKey
 from ctxproxy.knowledge.client import Core, Discovery, HttpCore
 from ctxproxy.knowledge.routes import EMBEDDED, add_routes, add_tool_routes
 from ctxproxy.knowledge.service import EmbeddedCore, LocalCore
 from ctxproxy.knowledge.step import KnowledgeStep
 from ctxproxy.knowledge.store import FILENAME, Catalogue, Generation
+from ctxproxy.plumbing.pg import Listener
 from ctxproxy.proxy.app import METRICS, SETTINGS
 from ctxproxy.proxy.chat_memory import ChatMemoryAssets
 from ctxproxy.request import Step
@@ -24,6 +26,7 @@ from ctxproxy.request import Step
 DISCOVERY = web.AppKey("knowledge_discovery", Discovery)
 CAPABILITY = web.AppKey("knowledge_capability", CapabilityKey)
 LOCAL = web.AppKey("knowledge_local", ChatMemoryAssets)
+LISTENER = web.AppKey("knowledge_listener", Listener)
 GENERATION = web.AppKey("knowledge_generation", Generation)
 CAPABILITY_KEY_FILE = "capability.key"
 
@@ -94,6 +97,13 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
             token=token,
             timeout_s=settings.core_timeout_ms / 1000,
         )
+    listener = None
+    if settings.store_url:
+        # Every replica on the store hears a change at once, not after the TTL.
+        changes = Changes(settings.service_id, generation)
+        generation = changes.current
+        app[LISTENER] = listener = Listener(settings.store_url, CHANNEL, changes.heard)
+        listener.start()
     discovery = Discovery(
         core,
         service_id=settings.service_id,
@@ -106,6 +116,8 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     app[DISCOVERY] = discovery
     yield
+    if listener is not None:
+        await listener.close()
     await discovery.close()
     if http is not None:
         await http.aclose()

@@ -174,6 +174,7 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
         offload=pool.run,
         recall_modes=metrics.recall_modes,
         forwarded_whole=metrics.forwarded_whole,
+        placements=store,
     )
     # The tokenizer and the redaction patterns load in about a second: now, off the loop,
     # not on the first turn; meanwhile the child process for the background work starts

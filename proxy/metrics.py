@@ -109,6 +109,12 @@ class Metrics:
             "failed.",
             ["reason"], registry=r,
         )
+        self.outputs_unstored = Counter(
+            "ctxproxy_masked_outputs_unstored",
+            "Masked tool outputs not written to the store (only this process can answer their "
+            "fetch line): the writer's queue was full, or the write failed.",
+            ["reason"], registry=r,
+        )
         self.connections_closed = Counter(
             "ctxproxy_connections_closed",
             "Client connections the server closed: its request's line and headers came too "

@@ -24,7 +24,7 @@ user message before its prompt. Then the cache marks are set (``marks``). What C
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,27 +136,34 @@ def parse(body: dict[str, Any]) -> tuple[list[Item], MessagesView]:
             add({"type": "message", "role": "system", "content": parts}, m,
                 tuple(range(len(content))))
             continue
-        context: list[int] = []
-        words: list[int] = []
-        for b, block in enumerate(content):
-            if isinstance(block, dict) and block.get("type") == "tool_result":
-                call_id = str(block.get("tool_use_id", ""))
-                view.calls[call_id] = (m, b)
-                add({"type": "function_call_output", "call_id": call_id,
-                     "output": _result_text(block)}, m, (b,))
-            elif _is_reminder(block):
-                context.append(b)
-            else:
-                words.append(b)
-        # The reminders are the agent's context: a system-role item, context to every step
-        # (request.items.is_context), wherever it stands.
-        if context:
-            add({"type": "message", "role": "system",
-                 "content": [_user_part(content[b]) for b in context]}, m, tuple(context))
-        if words:
-            add({"type": "message", "role": "user",
-                 "content": [_user_part(content[b]) for b in words]}, m, tuple(words))
+        _user_blocks(content, m, view, add)
     return items, view
+
+
+def _user_blocks(content: list[Any], m: int, view: MessagesView,
+                 add: Callable[[Item, int, tuple[int, ...]], None]) -> None:
+    """A user message's blocks as items: each tool result its call's output, the
+    reminders one context item, the rest one user message."""
+    context: list[int] = []
+    words: list[int] = []
+    for b, block in enumerate(content):
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            call_id = str(block.get("tool_use_id", ""))
+            view.calls[call_id] = (m, b)
+            add({"type": "function_call_output", "call_id": call_id,
+                 "output": _result_text(block)}, m, (b,))
+        elif _is_reminder(block):
+            context.append(b)
+        else:
+            words.append(b)
+    # The reminders are the agent's context: a system-role item, context to every step
+    # (request.items.is_context), wherever it stands.
+    if context:
+        add({"type": "message", "role": "system",
+             "content": [_user_part(content[b]) for b in context]}, m, tuple(context))
+    if words:
+        add({"type": "message", "role": "user",
+             "content": [_user_part(content[b]) for b in words]}, m, tuple(words))
 
 
 def is_messages_body(body: Any) -> bool:

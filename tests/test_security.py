@@ -275,7 +275,7 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
         ((_, recall_text),) = developer_memory(sent)
         recall = parse_blocks(recall_text)
         assert [el.tag for el in recall] == ["episodic_memory"]
-        assert {m.get("type") for m in recall.iter("memory")} == {"episodic"}
+        assert all(m.get("id", "").startswith("mem_") for m in recall.iter("memory"))
     else:
         recall = instructions
         assert tags.count("episodic_memory") == 1

@@ -230,3 +230,13 @@ async def test_read_gives_a_masked_output_whole_to_its_own_session(
     # Another session (the line's conversation header changed) gets nothing.
     other = with_call(call, "read", {"output_id": output_id}).replace("sess-m", "sess-x")
     assert (await run_curl(other))["code"] == 404
+    # Nor does another scope in the same session: another agent's grant names its own.
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/responses", json={"model": "m", "input": session_items(),
+                                           "stream": True, "prompt_cache_key": "sess-m"},
+        headers={**hdrs, "x-agent-id": "reviewer"},
+    ) as r:
+        await r.read()
+    call = chat_memory(block_of(upstream)).findtext("call_tool") or ""
+    assert "reviewer" in call
+    assert (await run_curl(with_call(call, "read", {"output_id": output_id})))["code"] == 404

@@ -70,9 +70,9 @@ async def test_the_relay_does_not_wait_for_the_ledger(start_proxy: ProxyFactory)
     release = asyncio.Event()
     real_insert = ledger.insert
 
-    async def slow_insert(records: list[Record]) -> None:
+    async def slow_insert(records: list[Record], nodes: Any = ()) -> None:
         await release.wait()
-        await real_insert(records)
+        await real_insert(records, nodes)
 
     ledger.insert = slow_insert  # type: ignore[method-assign]
     for n in range(3):  # answered while the ledger is stuck

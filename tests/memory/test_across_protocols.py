@@ -46,7 +46,7 @@ async def test_a_codex_sessions_memory_is_recalled_in_a_claude_code_session_of_i
     other = await ClaudeSession(proxy, anthropic, extra_headers={
         **OWNER, "x-tdai-user-key": "uk-someone-else"}).say("Write a release script.")
 
-    assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}"[^>]*>Use Python, not Node',
+    assert re.search(r'<memory id="mem_[0-9a-z]{26}" source="[^"]*">Use Python, not Node',
                      memory_of(same)), memory_of(same)[-2000:]
     assert "Use Python, not Node" not in memory_of(other)
 

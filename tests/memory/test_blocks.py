@@ -18,19 +18,21 @@ def mem(text: str, type_: MemoryType, **attrs: str) -> Memory:
                   created_at=1_800_000_000.0, turn_index=2 if type_ == "episodic" else None)
 
 
-def test_one_block_per_type_each_memory_tagged_with_type_and_id() -> None:
+def test_one_block_per_type_each_memory_with_its_id_and_no_attribute_its_block_says() -> None:
     memories = [mem("Use Python.", "semantic"), mem("Fix the CLI.", "working", kind="task"),
                 mem("User: hi", "episodic")]
     text = memory_blocks.render(memories)
     root = etree.fromstring(f"<all>{text}</all>")
     assert [block.tag for block in root] == ["working_memory", "episodic_memory",
                                              "semantic_memory"]
-    assert [[m.get("type") for m in block] for block in root] == [
-        ["working"], ["episodic"], ["semantic"],
+    assert [[m.get("id") for m in block] for block in root] == [
+        [memories[1].memory_id], [memories[2].memory_id], [memories[0].memory_id],
     ]
-    for memory in memories:
-        assert f'<memory type="{memory.type}" id="{memory.memory_id}"' in text
-    assert '<memory type="working" id="' in text and 'kind="task">Fix the CLI.</memory>' in text
+    # The type is the block's, and a source only where a block's memories differ in it.
+    assert [[sorted(m.attrib) for m in block] for block in root] == [
+        [["id", "kind"]], [["id", "turn", "when"]], [["id", "source"]],
+    ]
+    assert 'kind="task">Fix the CLI.</memory>' in text
     assert 'turn="3" when="2027-01-15"' in text
 
 

@@ -253,10 +253,11 @@ async def test_a_turns_recall_message_stays_in_place_in_later_requests(
     assert await post(proxy.url, codex.request(s.items), bare) == 200
     assert upstream.last.json["input"][position] == message
 
-    # Another replica has no copy of the message: it leaves it out, and still serves.
+    # Another replica (here: on the same store) reads the message from the store and puts
+    # it in the same place: the forwarded bytes are the same whichever replica answers.
     other = await start_proxy(**settings)
     assert await post(other.url, codex.request(s.items), bare) == 200
-    assert message not in upstream.last.json["input"][: position + 1]
+    assert upstream.last.json["input"][position] == message
 
 
 async def test_a_question_that_matches_nothing_well_gets_no_recall_block(
@@ -456,3 +457,19 @@ def test_questions_of_a_prompt_past_the_scan_are_found_as_before() -> None:
     assert questions(query) == _questions_by_character(query) == ["Why?", "Why?", "Why?"]
     query = "word " * 1600 + "Which one?"  # the question past the 8,000 characters scanned
     assert questions(query) == _questions_by_character(query) == []
+
+
+def test_a_transcripts_repeated_stamp_is_shown_once() -> None:
+    text = ("User: [2 May, 2024] Ada: I finished the pottery class.\n"
+            "  [2 May, 2024] Ben: Congrats! I went sailing.\n"
+            "  [3 May, 2024] Ada: The vase is blue.\n"
+            "  [ ] a checkbox\n"
+            "  [ ] another\n"
+            "Assistant: Noted.")
+    assert snippet(text, "what did Ben do?").text == (
+        "User: [2 May, 2024] Ada: I finished the pottery class.\n"
+        "  Ben: Congrats! I went sailing.\n"
+        "  [3 May, 2024] Ada: The vase is blue.\n"
+        "  [ ] a checkbox\n"
+        "  [ ] another\n"
+        "Assistant: Noted.")

@@ -39,10 +39,27 @@ def test_one_speaker_is_no_dialogue() -> None:
 
 def test_said_match_counts_the_named_speakers_lines() -> None:
     # Ben's line holds "sailing" and "brother"; Ada's, "sailing".
-    assert said_match(DIALOGUE, "Was Ben sailing with his brother?") == (1.0, 0.5)
-    assert said_match(DIALOGUE, "Was Ada sailing with her brother?") == (0.5, 1.0)
+    assert said_match(DIALOGUE, "Was Ben sailing with his brother?")[:2] == (1.0, 0.5)
+    assert said_match(DIALOGUE, "Was Ada sailing with her brother?")[:2] == (0.5, 1.0)
     assert said_match(DIALOGUE, "Was the boat sailing with a brother?") is None
     assert said_match(DIALOGUE, "was ben sailing with his brother?") is None  # not a name
+
+
+# Ada speaks of Ben's trip ("your brother"), Ben of his own ("I went ... my brother").
+ECHOED = (
+    "User: [2 May, 2024] Ben: I went sailing on the lake with my brother last week.\n"
+    "  [2 May, 2024] Ada: Sailing on the lake with your brother sounds fun, Ben!\n"
+    "  [2 May, 2024] Ben: It was, we caught three trout.\n"
+    "Assistant: Noted."
+)
+
+
+def test_said_match_tells_whose_things_a_line_speaks_of() -> None:
+    # Ada said the words, but of Ben's trip; Ben of his own.
+    assert said_match(ECHOED, "Did Ada go sailing on the lake with her brother?") == (
+        0.75, 0.75, 0.0, 0.75)
+    assert said_match(ECHOED, "Did Ben go sailing on the lake with his brother?") == (
+        0.75, 0.75, 0.75, 0.0)
 
 
 async def recalled(store: Store, question: str) -> list[Memory]:
@@ -62,3 +79,13 @@ async def test_a_question_naming_the_wrong_speaker_gets_no_recall(store: Store) 
     # Not a dialogue's speaker: the words alone decide, as before.
     (got,) = await recalled(store, "What came out of the pottery class?")
     assert "blue vase" in got.text
+
+
+async def test_a_question_naming_the_one_who_echoed_anothers_words_gets_no_recall(
+    store: Store,
+) -> None:
+    await store.upsert([Memory(type="episodic", scope=SCOPE, key="e", text=ECHOED,
+                               session_id="old", created_at=NOW, updated_at=NOW)])
+    assert await recalled(store, "Did Ada go sailing on the lake with her brother?") == []
+    (got,) = await recalled(store, "Did Ben go sailing on the lake with his brother?")
+    assert "with my brother" in got.text

@@ -62,10 +62,10 @@ async def test_a_recalled_tool_output_is_framed_as_a_note_with_its_source(
     (block,) = list(root)
     assert block.tag == "episodic_memory"
     note = block.get("note") or ""
-    assert "not instructions" in note and "tool outputs" in note
+    # The block names the source of all it holds: earlier turns, tool outputs included.
+    assert "not instructions" in note and "Earlier turns" in note and "tool outputs" in note
     memory = block.find("memory")
     assert memory is not None and "SYSTEM OVERRIDE" in (memory.text or "")
-    assert memory.get("source") == "earlier turn"
 
 
 def _with_output(answer: dict[str, Any], output: str) -> list[dict[str, Any]]:

@@ -134,7 +134,7 @@ async def test_the_id_depends_on_the_scope(
     assert line_1 != line_2
 
 
-async def test_the_line_is_the_same_after_a_restart_and_the_output_after_a_request(
+async def test_the_line_is_the_same_after_a_restart_and_the_store_answers_it(
     upstream: FakeUpstream, start_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
     first = await start_proxy(**WINDOW)
@@ -145,12 +145,27 @@ async def test_the_line_is_the_same_after_a_restart_and_the_output_after_a_reque
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     await first.close()
 
-    # A new process on the same data dir (and port, as a restart would have it).
+    # A new process on the same data dir (and port, as a restart would have it): the output
+    # comes from the store before the session sends anything again.
     again = await start_proxy(port=int(first.url.rsplit(":", 1)[1]), **WINDOW)
+    line = fetch_line(masked_outputs(upstream)[0])
+    assert (await run_curl(line))[::2] == (200, BIG)
+    assert (await run_curl(line, session="sess-b"))[::2] == (404, GONE)
+    await post(again.url, items, "sess-a")
+    assert upstream.last.body == body_before  # the same bytes: the prompt cache holds
+
+
+async def test_without_the_store_a_restart_forgets_until_the_next_request(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    first = await start_proxy(mask_store_mb=0, **WINDOW)
+    items = session_items()
+    await post(first.url, items, "sess-a")
+    await first.close()
+    again = await start_proxy(port=int(first.url.rsplit(":", 1)[1]), mask_store_mb=0, **WINDOW)
     line = fetch_line(masked_outputs(upstream)[0])
     assert (await run_curl(line))[::2] == (404, GONE)  # not held here yet: rerun the command
     await post(again.url, items, "sess-a")
-    assert upstream.last.body == body_before  # the same bytes: the prompt cache holds
     assert (await run_curl(line))[::2] == (200, BIG)
 
 
