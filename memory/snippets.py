@@ -54,16 +54,18 @@ def _cut(line: str, words: Sequence[str]) -> str:
 
 def _contexts(lines: Sequence[str]) -> list[int | None]:
     """For each line, the line that says where it comes from: for a line of a tool's output
-    the call that printed it, for another continuation line its entry's head; None for a
-    head (a line that is not indented) itself."""
+    (its first line too, which heads the output's entry) the call that printed it, for
+    another continuation line its entry's head; None for another head (a line that is not
+    indented) itself."""
     out: list[int | None] = []
     head = call = 0
     for n, line in enumerate(lines):
         if not line.startswith(INDENT):
             # Render puts each output right after its call: the call is the entry before.
-            call = head if line.startswith(f"{OUTPUT} ") else n
+            output = line.startswith(f"{OUTPUT} ")
+            call = head if output else n
             head = n
-            out.append(None)
+            out.append(call if output and lines[call].startswith(f"{CALL} ") else None)
         else:
             out.append(call if lines[call].startswith(f"{CALL} ") else head)
     return out

@@ -72,7 +72,7 @@ async def test_a_codex_sessions_memory_is_recalled_in_a_chat_session_of_its_user
     other = await ChatSession(proxy, upstream.received, extra_headers={
         **OWNER, "x-tdai-user-key": "uk-someone-else"}).say("Write a release script.")
 
-    assert re.search(r'<memory type="semantic" id="mem_[0-9a-z]{26}"[^>]*>Use Python, not Node',
+    assert re.search(r'<memory id="mem_[0-9a-z]{26}"[^>]*>Use Python, not Node',
                      chat_memory_of(same)), chat_memory_of(same)[-2000:]
     assert "Use Python, not Node" not in chat_memory_of(other)
     assert same["messages"][-1] == {"role": "user", "content": "Write a release script."}

@@ -316,15 +316,21 @@ def test_a_long_prompts_questions_keep_the_sentence_that_names_their_subject() -
     ]
 
 
-def test_a_matching_line_brings_the_matching_line_after_it() -> None:
+@pytest.mark.parametrize("first", [False, True], ids=["deep", "first-line"])
+def test_a_matching_line_brings_the_matching_line_after_it(first: bool) -> None:
+    """Also where the diff is the output's first line (a Bash tool_result has no header of
+    its own): its file line then heads the entry, and the command that printed it comes
+    with it."""
     listing = "\n".join(f"src/pkg/mod_{n}.py: ok" for n in range(300))
     diff = "diff --git a/src/app/__init__.py b/src/app/__init__.py\nindex 9f3c2a1..4be07d2 100644"
-    turn = codex.tool_turn("ship it", output=f"{listing}\n{diff}\n--- a\n+++ b")
-    text = rendered(turn)
+    output = f"{diff}\n--- a\n+++ b\n{listing}" if first else f"{listing}\n{diff}\n--- a\n+++ b"
+    text = rendered(codex.tool_turn("ship it", output=output))
     cut = snippet(text, "Which index line did the git diff of src/app/__init__.py show?")
     lines = cut.text.split("\n")
     at = next(n for n, line in enumerate(lines) if "diff --git" in line)
     assert lines[at + 1].strip() == "index 9f3c2a1..4be07d2 100644"
+    if first:
+        assert lines[at - 1].startswith("Tool call")
 
 
 def test_a_question_word_in_an_entry_label_is_not_a_match() -> None:
