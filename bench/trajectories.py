@@ -6,6 +6,7 @@ bench/harness/pricing.py (Anthropic's rules: bench/harness/anthropic_pricing.py)
     python -m bench.trajectories --repos django --all  # every django run
     python -m bench.trajectories --strategies direct,defaults --strategy k3:KEEP_TURNS=3
     python -m bench.trajectories --protocol messages   # as Claude Code sessions
+    python -m bench.trajectories --protocol chat       # as Chat Completions sessions
 
 The runs in ../shared/trajectories (mini-swe-agent, one shell command per model call) become
 Codex requests: Codex's context messages and the run's system message as a developer message,
@@ -16,7 +17,9 @@ of a multi-task session also ask for a fact an earlier task's output showed (the
 of the patch it submitted). Direct and through the proxy, the client compacts as Codex does
 (bench/harness/codex.py) when the input tokens the server reported pass 220k. As Claude Code
 sessions (bench/harness/claude.py), the same runs are Claude Code's Messages requests with its
-cache marks, to /v1/messages, and it compacts as Claude Code does (at 167k).
+cache marks, to /v1/messages, and it compacts as Claude Code does (at 167k). As Chat
+Completions sessions (bench/harness/chat.py), they are Codex's requests as Chat messages, to
+/v1/chat/completions, priced by --cache-rules, compacted as Codex does.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ import aiohttp
 from bench.harness.agent_runs import TRAJECTORIES, Session, Task, build_session, load_task, repo_of
 from bench.harness.anthropic_pricing import TTL_S as ANTHROPIC_TTL_S
 from bench.harness.anthropic_pricing import MessagesPricingUpstream, anthropic_note
+from bench.harness.chat import ChatShape, chat_note, load_chat_shape
+from bench.harness.chat_pricing import ChatPricingUpstream
 from bench.harness.claude import AUTO_COMPACT_TOKENS as CLAUDE_COMPACT_TOKENS
 from bench.harness.claude import claude_note, load_claude_shape
 from bench.harness.codex import Shapes, load_shapes
@@ -70,7 +75,11 @@ PNG_MESSAGES = PNG.with_name("trajectories_messages.png")
 BLOCK_MESSAGES = ("## Real agent runs as Claude Code sessions",
                   "<!-- trajectories-messages:begin (written by bench/trajectories.py) -->",
                   "<!-- trajectories-messages:end -->")
-PROTOCOLS = ("responses", "messages")
+PNG_CHAT = PNG.with_name("trajectories_chat.png")
+BLOCK_CHAT = ("## Real agent runs as Chat Completions sessions",
+              "<!-- trajectories-chat:begin (written by bench/trajectories.py) -->",
+              "<!-- trajectories-chat:end -->")
+PROTOCOLS = ("responses", "messages", "chat")
 CACHED_PRICE = 0.1
 
 # --- strategies and runs ----------------------------------------------------------------------
@@ -124,13 +133,16 @@ class Run:
 async def run_one(strategy_: Strategy, session: Session, shapes: Shapes | Shape,
                   data_dir: Path, *, ttl_s: float = 600.0, limit: int = 220_000,
                   rules: Rules = "prefix") -> Run:
-    """One session by one strategy; ``shapes``: Codex's (priced by ``rules``) or another
-    client's shape (Claude Code's: priced by Anthropic's rules)."""
+    """One session by one strategy; ``shapes``: Codex's or a Chat client's (priced by
+    ``rules``), or Claude Code's (priced by Anthropic's rules)."""
     shape = CodexShape(shapes) if isinstance(shapes, Shapes) else shapes
     clock = SimClock()
     model = ReplayModel(session, shape)
     upstream: PricingUpstream | MessagesPricingUpstream
-    if isinstance(shape, CodexShape):
+    if isinstance(shape, ChatShape):
+        upstream = ChatPricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER,
+                                       rules=rules)
+    elif isinstance(shape, CodexShape):
         upstream = PricingUpstream(model, clock=clock, ttl_s=ttl_s, tokenizer=TOKENIZER,
                                    rules=rules)
     else:
@@ -256,6 +268,23 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     plt.close(fig)
 
 
+def client_note(protocol: str, limit: int, ttl_s: float) -> str:
+    """What a report says of the client shape the runs were replayed in."""
+    if protocol == "messages":
+        return claude_note(limit, ttl_s)
+    if protocol == "chat":
+        return chat_note(limit, ttl_s)
+    return ("Each model call is one request: reasoning item (encrypted content), "
+            "`exec_command` call, its output in Codex's format; the task's end is one more "
+            "request with a closing answer. Prices: `bench/harness/pricing.py` (input tokens "
+            f"only, cached at 10%, cache TTL {ttl_s:.0f} s of simulated time). Client "
+            "auto-compaction as Codex does it (bench/harness/codex.py): when the reported input "
+            f"passes {limit:,} tokens, one compaction request (history + compaction prompt, no "
+            "tools, so no cached prefix; the proxy forwards it whole), then the context, the "
+            "prompts (at most 20k tokens) and the summary (the fake summariser lists the tasks "
+            "and the newest 80 names the commands used). ")
+
+
 def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
            seconds: float, command: str) -> str:
     steps = sorted(len(t.steps) for t in tasks)
@@ -264,8 +293,9 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
     for t in tasks:
         counts[repo_of(t.name)] = counts.get(repo_of(t.name), 0) + 1
     repos = ", ".join(f"{n} of {repo}" for repo, n in counts.items())
-    messages = getattr(args, "protocol", "responses") == "messages"
-    client = "Claude Code" if messages else "Codex"
+    protocol = getattr(args, "protocol", "responses")
+    messages = protocol == "messages"
+    client = {"messages": "Claude Code", "chat": "Chat Completions"}.get(protocol, "Codex")
     strategies = "; ".join(dict.fromkeys(
         f"`{r.strategy.name}`: {r.strategy.note.replace('Codex', client)}" for r in runs))
     load = load_average()
@@ -283,16 +313,7 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         + ("each session with a store of its own. " if args.scope == "session" else
            "one user: the sessions of a repository and kind share one store and memory scope, "
            "in order. ")
-        + (claude_note(args.limit, args.ttl) if messages else "Each model call is one "
-           "request: reasoning item (encrypted content), `exec_command` call, its output in "
-           "Codex's format; the task's end is one more request with a closing answer. Prices: "
-           "`bench/harness/pricing.py` (input tokens only, cached at 10%, cache TTL "
-           f"{args.ttl:.0f} s of simulated time). Client auto-compaction as Codex does it "
-           f"(bench/harness/codex.py): when the reported input passes {args.limit:,} tokens, "
-           "one compaction request (history + compaction prompt, no tools, so no cached "
-           "prefix; the proxy forwards it whole), then the context, the prompts (at most 20k "
-           "tokens) and the summary (the fake summariser lists the tasks and the newest 80 "
-           "names the commands used). ")
+        + client_note(protocol, args.limit, args.ttl)
         + "*cuts*: requests whose forwarded prompt did not extend the previous one "
         "although the client's did (the client's own compactions are not counted). "
         "*sufficiency*: of the "
@@ -308,7 +329,9 @@ def report(runs: Sequence[Run], tasks: Sequence[Task], args: argparse.Namespace,
         "the name (the model's first move) brings back.",
         "",
         anthropic_note() if messages else cache_rules_note(getattr(args, "cache_rules",
-                                                                     "prefix")),
+                                                                     "prefix"))
+        + (" A Chat message has no place for a breakpoint mark: the client and the proxy "
+           "place none." if protocol == "chat" else ""),
         "",
         f"Strategies: {strategies}.",
         "",
@@ -351,8 +374,10 @@ def sessions_of(tasks: Sequence[Task], kinds: Sequence[int]) -> list[Session]:
 
 
 async def main_async(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Run]:
-    shapes: Shapes | Shape = (load_claude_shape() if args.protocol == "messages"
-                              else load_shapes(rules=args.cache_rules))
+    shapes: Shapes | Shape = (
+        load_claude_shape() if args.protocol == "messages"
+        else load_chat_shape(rules=args.cache_rules) if args.protocol == "chat"
+        else load_shapes(rules=args.cache_rules))
     strategies = [DIRECT] if "direct" in args.strategies.split(",") else []
     for spec in [PRESETS[n] for n in args.strategies.split(",") if n in PRESETS] + args.strategy:
         try:
@@ -400,7 +425,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="an extra proxy strategy: the defaults with these settings")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="responses",
                         help="responses: Codex's requests, priced by --cache-rules; messages: "
-                             "Claude Code's, priced by Anthropic's cache marks (its own block "
+                             "Claude Code's, priced by Anthropic's cache marks; chat: Codex's "
+                             "as Chat Completions, priced by --cache-rules (each its own block "
                              "in RESULTS.md)")
     add_cache_rules_argument(parser)
     parser.add_argument("--ttl", type=float, default=None,
@@ -421,13 +447,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.limit is None:
         args.limit = CLAUDE_COMPACT_TOKENS if messages else 220_000
     if args.plot is None and not args.no_write:
-        args.plot = PNG_MESSAGES if messages else PNG  # the figure goes with its table
+        # the figure goes with its table
+        args.plot = {"messages": PNG_MESSAGES, "chat": PNG_CHAT}.get(args.protocol, PNG)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    messages = args.protocol == "messages"
     if not args.runs.is_dir():
         sys.exit(f"no trajectories at {args.runs} (the shared folder is not here)")
     logging.basicConfig(level=logging.WARNING)
@@ -447,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.plot is not None:
         plot(runs, args.plot)
     if not args.no_write:
-        write_block(*(BLOCK_MESSAGES if messages else (SECTION, BEGIN, END)), text)
+        write_block(*{"messages": BLOCK_MESSAGES, "chat": BLOCK_CHAT}.get(
+            args.protocol, (SECTION, BEGIN, END)), text)
     print(f"\nplot: {args.plot or 'none'}  {seconds:.0f} s", file=sys.stderr)
 
 

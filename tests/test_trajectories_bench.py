@@ -97,20 +97,30 @@ async def test_direct_replay_equals_itself_and_reaches_the_ask(
     assert a.bills[-1].cached_tokens > 0.8 * a.bills[-1].input_tokens  # append-only: warm
 
 
+async def compacting(tasks: list[runs.Task], shape: Any, tmp_path: Path
+                     ) -> tuple[bench.Run, bench.Run, int]:
+    """The session direct without compaction, and with a limit the sixth request passes;
+    checked: the first compaction comes after the request that passed it, the next request
+    is smaller, every step is still replayed. Returns both runs and the first compaction."""
+    session = runs.build_session(tasks)
+    whole = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "w", limit=10**9)
+    limit = whole.bills[4].input_tokens  # passed by the sixth request
+    run = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "c", limit=limit)
+    kinds = [r.kind for r in run.records]
+    first = kinds.index("compaction")
+    assert run.bills[first - 1].input_tokens > limit
+    assert run.compactions == kinds.count("compaction") >= 1
+    assert run.bills[first + 1].input_tokens < run.bills[first - 1].input_tokens
+    assert len(run.bills) == len(whole.bills) + run.compactions  # every step still replayed
+    return whole, run, first
+
+
 async def test_the_client_compacts_when_the_reported_input_passes_its_limit(
     tasks: list[runs.Task], tmp_path: Path
 ) -> None:
-    session, shapes = runs.build_session(tasks), load_shapes()
-    whole = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "w", limit=10**9)
-    limit = whole.bills[4].input_tokens  # passed by the sixth request
-    run = await bench.run_one(bench.DIRECT, session, shapes, tmp_path / "c", limit=limit)
-    kinds = [r.kind for r in run.records]
-    first = kinds.index("compaction")
-    assert run.bills[first - 1].input_tokens > limit >= run.bills[first - 2].input_tokens
-    assert run.compactions == kinds.count("compaction") >= 1
-    assert run.bills[first + 1].input_tokens < run.bills[first - 1].input_tokens
+    whole, run, first = await compacting(tasks, load_shapes(), tmp_path)
+    assert whole.bills[4].input_tokens >= run.bills[first - 2].input_tokens
     assert max(b.input_tokens for b in run.bills) < max(b.input_tokens for b in whole.bills)
-    assert len(run.bills) == len(whole.bills) + run.compactions  # every step still replayed
 
 
 def test_a_compacted_history_keeps_context_prompts_and_summary() -> None:
@@ -254,16 +264,9 @@ async def test_a_claude_code_session_through_the_proxy_is_billed_as_seen(
 async def test_claude_code_compacts_into_its_reminders_summary_and_prompts(
     tasks: list[runs.Task], tmp_path: Path
 ) -> None:
-    session, shape = runs.build_session(tasks), load_claude_shape()
-    whole = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "w", limit=10**9)
-    limit = whole.bills[4].input_tokens
-    run = await bench.run_one(bench.DIRECT, session, shape, tmp_path / "c", limit=limit)
-    kinds = [r.kind for r in run.records]
-    first = kinds.index("compaction")
-    assert run.bills[first - 1].input_tokens > limit
+    shape = load_claude_shape()
+    _, run, first = await compacting(tasks, shape, tmp_path)
     assert run.bills[first].cached_tokens > 0  # the compaction request keeps the prefix
-    assert run.bills[first + 1].input_tokens < run.bills[first - 1].input_tokens
-    assert len(run.bills) == len(whole.bills) + run.compactions
     history = ClaudeCompact().compacted(
         [*shape.context("system"), {"role": "user", "content": "task two"},
          {"role": "assistant", "content": [{"type": "text", "text": "done"}]}],
@@ -286,16 +289,20 @@ async def test_the_fake_anthropic_refuses_a_fifth_mark() -> None:
     assert upstream.bills == []
 
 
-def test_the_messages_shape_has_its_own_block_figure_and_client_defaults(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("protocol", "png", "block"), [
+    ("messages", bench.PNG_MESSAGES, bench.BLOCK_MESSAGES),
+    ("chat", bench.PNG_CHAT, bench.BLOCK_CHAT)])
+def test_each_client_shape_has_its_own_block_figure_and_client_defaults(
+    protocol: str, png: Path, block: tuple[str, str, str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     touched: list[str] = []
     monkeypatch.setattr(bench, "main_async", lambda args, tasks: asyncio.sleep(0, []))
     monkeypatch.setattr(bench, "report", lambda *a: "the table")
     monkeypatch.setattr(bench, "plot", lambda runs, path: touched.append(path.name))
     monkeypatch.setattr(bench, "write_block", lambda *a: touched.append(a[1]))
-    bench.main(["--runs", str(tmp_path), "--protocol", "messages"])
-    assert touched == [bench.PNG_MESSAGES.name, bench.BLOCK_MESSAGES[1]]  # not Codex's
+    bench.main(["--runs", str(tmp_path), "--protocol", protocol])
+    assert touched == [png.name, block[1]]  # not Codex's
     claude, codex = bench.parse_args(["--protocol", "messages"]), bench.parse_args([])
     assert (claude.ttl, claude.limit) == (300, 167_000)  # Anthropic's TTL, Claude Code's limit
     assert (codex.ttl, codex.limit) == (600, 220_000)

@@ -122,23 +122,34 @@ class AutoCompact:
         """The history after a compaction: as in the fixture's requests 0005, 0008 and 0011."""
         self.count += 1
         self.last_reported = 0
-        context, prompts = history[:n_context], [i for i in history if is_prompt(i)]
+        context, prompts = history[:n_context], [i for i in history if self.is_prompt(i)]
         kept: list[Item] = []
         budget = self.user_tokens
         for item in reversed(prompts):
-            text = message_text(item)
+            text = self.text_of(item)
             tokens = count_tokens(text)
             if tokens > budget:
                 if budget > 0:  # the oldest one that fits only in part is cut to the budget
-                    kept.append({**item, "content": [
-                        {"type": "input_text", "text": text[-budget * 4:]}]})
+                    kept.append(self.prompt(text[-budget * 4:], item))
                 break
             kept.append(item)
             budget -= tokens
         kept.reverse()
         older, newest = kept[:-1], kept[-1:]
         return [*context[:1], *older, *context[1:], *newest,
-                user_message(SUMMARY_PREFIX + summary, item_id)]
+                self.prompt(SUMMARY_PREFIX + summary, {"id": item_id})]
+
+    # The client's messages: Codex's Responses items here (a Chat client's: bench/harness/chat.py).
+
+    def is_prompt(self, item: Item) -> bool:
+        return is_prompt(item)
+
+    def text_of(self, item: Item) -> str:
+        return message_text(item)
+
+    def prompt(self, text: str, like: Item) -> Item:
+        """A user message of ``text`` (with the id of ``like``)."""
+        return user_message(text, str(like.get("id")))
 
 
 def compaction_input(history: list[Item]) -> list[Item]:
