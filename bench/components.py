@@ -26,7 +26,7 @@ from bench.harness import session as bench_session
 from bench.harness.upstream import answer_events
 from ctxproxy.config import load_settings
 from ctxproxy.config.logs import JsonFormatter, fields
-from ctxproxy.proxy.headers import request_headers, response_headers
+from ctxproxy.proxy.headers import Credential, request_headers, response_headers
 from ctxproxy.proxy.metrics import Metrics
 from ctxproxy.proxy.sse import UsageTap
 from ctxproxy.request import Exchange, has_lossy_number
@@ -95,7 +95,7 @@ def measure() -> list[tuple[str, float]]:
              best_us(lambda: orjson.dumps(windowed), 500)),
             ("free the parsed body", free_us(raw)),
             ("copy request and response headers", best_us(
-                lambda: (request_headers(headers, None), response_headers(answer_headers)),
+                lambda: (request_headers(headers, Credential()), response_headers(answer_headers)),
                 5000)),
             (f"usage tap over {len(events)} events, then parse usage", best_us(tap, 500)),
             ("access-log line (JSON)", log_us),

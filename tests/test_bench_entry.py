@@ -6,7 +6,10 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from bench.__main__ import benchmarks
 
@@ -58,3 +61,22 @@ def test_benchmarks_import_no_tests_and_no_private_names_of_each_other() -> None
                 if name == "bench._session._PROMPTS":
                     continue
                 assert not any(p.startswith("_") for p in parts[1:]), f"{path}: {name}"
+
+
+def test_every_piece_the_overhead_bench_times_runs_on_todays_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`make bench` times the proxy's own work piece by piece (bench/components.py): each
+    piece is called once here, so a changed signature fails the suite, not the next bench."""
+    from bench import components
+
+    called: list[int] = []
+
+    def once(fn: Callable[[], object], number: int, repeat: int = 7) -> float:
+        fn()
+        called.append(1)
+        return 1.0
+
+    monkeypatch.setattr(components, "best_us", once)
+    rows = components.measure()
+    assert len(called) >= 5 and all(us > 0 for _, us in rows)
