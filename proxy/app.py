@@ -46,8 +46,8 @@ from ctxproxy.proxy.origin import gate
 from ctxproxy.proxy.passthrough import ROUTES, Routes, refusal, upstream_path
 from ctxproxy.proxy.pipeline import Pipeline
 from ctxproxy.proxy.sse import BodyTap, UsageTap
-from ctxproxy.proxy.sse_chat import ChatBodyTap, ChatTap
-from ctxproxy.proxy.sse_messages import MessagesBodyTap, MessagesTap
+from ctxproxy.proxy.sse_chat import ChatTap
+from ctxproxy.proxy.sse_messages import MessagesTap
 from ctxproxy.proxy.upstream import Idle, Upstream
 from ctxproxy.request import Access, Answer, End, Exchange, NotAResponsesRequest, Sent, Step
 from ctxproxy.request.protocol import CHAT, MESSAGES, RESPONSES, Protocol
@@ -349,10 +349,8 @@ async def through_pipeline(request: web.Request, protocol: Protocol) -> web.Stre
     request[SENT] = Sent(at, raw, body, ex, client_body,
                          ex.body if ex is not None and body is not raw else None, protocol.name)
     info.prepare_ms = round((time.perf_counter() - began) * 1000, 2)
-    path = {"responses": "responses", "chat": "chat/completions"}.get(
-        protocol.name, "v1/messages")
-    return await relay(request, path, body, tap_usage=True, ex=ex, protocol=protocol,
-                       credential=credential)
+    return await relay(request, protocol.upstream_path, body, tap_usage=True, ex=ex,
+                       protocol=protocol, credential=credential)
 
 
 T = TypeVar("T")
@@ -405,8 +403,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def relay(
     request: web.Request, path: str, body: bytes | None, *, tap_usage: bool = False,
-    ex: Exchange | None = None, protocol: Protocol = RESPONSES,
-    credential: Credential | None = None,
+    credential: Credential, ex: Exchange | None = None, protocol: Protocol = RESPONSES,
 ) -> web.StreamResponse:
     """Send to the upstream and copy its answer back chunk by chunk, as it arrives; the
     pipeline's steps are told the answer's status (``ex``: the request's exchange) before,
@@ -419,10 +416,7 @@ async def relay(
     info = request[ACCESS]
     upstream = _upstream(app, protocol)
     headers = request_headers(
-        request.headers,
-        credential if credential is not None else _credential(request, protocol),
-        body_decoded=request.get(bodies.DECODED, False),
-    )
+        request.headers, credential, body_decoded=request.get(bodies.DECODED, False))
     url = upstream.url(path, request.raw_path.partition("?")[2])
 
     start = time.perf_counter()
@@ -487,12 +481,11 @@ async def relay(
 
 
 def _upstream(app: web.Application, protocol: Protocol) -> Upstream:
-    """Where a protocol's requests go (their credential: ``_credential``)."""
+    """Where a protocol's requests go (their credential: ``_credential``); CHAT_UPSTREAM is
+    UPSTREAM's client unless CHAT_URL is set."""
     if protocol is MESSAGES:
         return app[ANTHROPIC]
-    if protocol is CHAT and app[SETTINGS].chat_url:
-        return app[CHAT_UPSTREAM]
-    return app[UPSTREAM]
+    return app[CHAT_UPSTREAM] if protocol is CHAT else app[UPSTREAM]
 
 
 Tap = UsageTap | BodyTap | MessagesTap | ChatTap
@@ -502,17 +495,11 @@ def _tap(response: aiohttp.ClientResponse, protocol: Protocol) -> Tap | None:
     """What reads the answer's usage and output on the side: a stream's events, or a
     non-streamed answer's JSON body."""
     encoding = response.headers.get("Content-Encoding")
-    stream = response.content_type == "text/event-stream"
-    if protocol is MESSAGES:
-        return MessagesTap(encoding) if stream else (
-            MessagesBodyTap(encoding) if response.content_type == "application/json" else None)
-    if protocol is CHAT:
-        return ChatTap(encoding) if stream else (
-            ChatBodyTap(encoding) if response.content_type == "application/json" else None)
-    if stream:
-        return UsageTap(encoding)
+    if response.content_type == "text/event-stream":
+        return (MessagesTap(encoding) if protocol is MESSAGES
+                else ChatTap(encoding) if protocol is CHAT else UsageTap(encoding))
     if response.content_type == "application/json":
-        return BodyTap(encoding)
+        return BodyTap(encoding, None if protocol is RESPONSES else protocol)
     return None
 
 

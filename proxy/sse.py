@@ -9,6 +9,7 @@ import orjson
 import re2
 
 from ctxproxy.proxy.bodies import StreamDecoder
+from ctxproxy.request.protocol import Protocol
 
 __all__ = ["MAX_EVENT", "BodyTap", "EventsTap", "UsageTap", "parse_events"]
 
@@ -175,13 +176,15 @@ class EventsTap:
 
 class BodyTap:
     """Reads ``usage`` and the output items of a non-streamed answer: one JSON body, the
-    Responses object itself.
+    Responses object itself, or (``protocol``) another protocol's answer, read by it.
 
     Fed every relayed chunk, it keeps at most ``MAX_EVENT`` bytes and parses them once, after
     the relay; a larger body is relayed all the same, only not read (``skipped`` is 1).
     """
 
-    def __init__(self, content_encoding: str | None = None) -> None:
+    def __init__(self, content_encoding: str | None = None,
+                 protocol: Protocol | None = None) -> None:
+        self._protocol = protocol
         self._body = bytearray()
         self.skipped = 0
         self._decoder = StreamDecoder(content_encoding) if content_encoding else None
@@ -223,11 +226,15 @@ class BodyTap:
 
     def output(self) -> list[dict[str, Any]] | None:
         """The answer's output items, or None (an error body has none)."""
+        if self._protocol is not None:
+            return self._protocol.output(self._parsed())
         return _output(self._parsed())
 
     def usage(self) -> dict[str, int] | None:
         """input/cached/output tokens (and cache_write_tokens when reported) of the answer,
         or None."""
+        if self._protocol is not None:
+            return self._protocol.usage(self._parsed())
         return _usage(self._parsed())
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxproxy.proxy.sse import BodyTap, EventsTap
+from ctxproxy.proxy.sse import EventsTap
 from ctxproxy.request.protocol import CHAT
 
-__all__ = ["ChatBodyTap", "ChatTap"]
+__all__ = ["ChatTap"]
 
 DONE = "[DONE]"
 
@@ -84,13 +84,3 @@ class ChatTap(EventsTap):
 
     def usage(self) -> dict[str, int] | None:
         return CHAT.usage(self._whole())
-
-
-class ChatBodyTap(BodyTap):
-    """A non-streamed Chat answer: one JSON completion."""
-
-    def output(self) -> list[dict[str, Any]] | None:
-        return CHAT.output(self._parsed())
-
-    def usage(self) -> dict[str, int] | None:
-        return CHAT.usage(self._parsed())

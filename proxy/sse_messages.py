@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 
-from ctxproxy.proxy.sse import BodyTap, EventsTap
+from ctxproxy.proxy.sse import EventsTap
 from ctxproxy.request.protocol import MESSAGES
 
-__all__ = ["MessagesBodyTap", "MessagesTap"]
+__all__ = ["MessagesTap"]
 
 
 class MessagesTap(EventsTap):
@@ -77,16 +77,6 @@ class MessagesTap(EventsTap):
 
     def usage(self) -> dict[str, int] | None:
         return MESSAGES.usage(self._whole())
-
-
-class MessagesBodyTap(BodyTap):
-    """A non-streamed Messages answer: one JSON message."""
-
-    def output(self) -> list[dict[str, Any]] | None:
-        return MESSAGES.output(self._parsed())
-
-    def usage(self) -> dict[str, int] | None:
-        return MESSAGES.usage(self._parsed())
 
 
 def _index(data: dict[str, Any]) -> int:

@@ -32,6 +32,9 @@ class Protocol:
     by default)."""
 
     name = "responses"
+    # Where a model request goes, under the protocol's upstream base URL (Anthropic's has no
+    # /v1, OpenAI's has).
+    upstream_path = "responses"
     # The provider caches a prompt only at the client's cache marks (Anthropic's
     # cache_control): the window prices a cut as for BREAKPOINT_MODELS.
     caches_at_marks = False
@@ -98,6 +101,7 @@ class Messages(Protocol):
     """Anthropic Messages (``request.messages``)."""
 
     name = "messages"
+    upstream_path = "v1/messages"
     caches_at_marks = True
     item_marks = False  # its own marks (cache_control): set as the body is written back
     blocks_before_context = True  # at the end of system; Claude Code's context is in messages
@@ -197,6 +201,7 @@ class Chat(Protocol):
     """OpenAI Chat Completions (``request.chat``): errors in OpenAI's shape, as Responses'."""
 
     name = "chat"
+    upstream_path = "chat/completions"
     # A Chat message has no place for a breakpoint mark: whatever caching the provider does
     # is its own, by prefix.
     item_marks = False
