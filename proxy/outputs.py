@@ -96,6 +96,13 @@ class _Kept:
     scope: str  # output_store.scope_of the caller's
 
 
+def _theirs(kept: _Kept | Stored, session: str, scope: str | None) -> bool:
+    """Whether an output kept here or in the store is of ``session`` (and ``scope``, when
+    given): compared in constant time, as the session stands in for a credential."""
+    return hmac.compare_digest(kept.session.encode(), session.encode()) and (
+        scope is None or kept.scope == scope)
+
+
 def _size(kept: _Kept) -> int:
     return sys.getsizeof(kept.text) + sys.getsizeof(kept.session)
 
@@ -167,11 +174,7 @@ class MaskedOutputs:
         (and ``scope``, when given, the scope: ``output_store.scope_of``)."""
         with self._lock:
             kept = self._kept.get(output_id)
-        if kept is None or not hmac.compare_digest(kept.session.encode(), session.encode()):
-            return None
-        if scope is not None and kept.scope != scope:
-            return None
-        return kept.text
+        return kept.text if kept is not None and _theirs(kept, session, scope) else None
 
     async def find(self, output_id: str, session: str, scope: str | None = None) -> str | None:
         """The output whole for ``session`` (and ``scope``, when given): this process's, else
@@ -185,11 +188,7 @@ class MaskedOutputs:
         except OutputStoreError as exc:
             log.warning("a masked output could not be read from the store: %s", exc)
             return None
-        if stored is None or not hmac.compare_digest(stored.session.encode(), session.encode()):
-            return None
-        if scope is not None and stored.scope != scope:
-            return None
-        return stored.text
+        return stored.text if stored is not None and _theirs(stored, session, scope) else None
 
 
 OUTPUTS = web.AppKey("masked_outputs", MaskedOutputs)
