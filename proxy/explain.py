@@ -32,8 +32,8 @@ from ctxproxy.ledger.counterfactual import PartCounter
 from ctxproxy.proxy.app import SETTINGS
 from ctxproxy.proxy.auth import ADMIN, PRINCIPAL
 from ctxproxy.proxy.errors import error_response
-from ctxproxy.request import End, History, Item, Step, message_text, output_text
-from ctxproxy.request.items import SYSTEM_ROLES
+from ctxproxy.request import End, History, Step, message_text, output_text
+from ctxproxy.request.chat import first_system
 from ctxproxy.request.messages import mark_count
 from ctxproxy.request.protocol import CHAT, MESSAGES, PROTOCOLS, RESPONSES
 
@@ -181,7 +181,7 @@ def explain(raw: bytes, forwarded: bytes, protocol: str = "responses") -> dict[s
     same two lists of items."""
     shape = PROTOCOLS.get(protocol, RESPONSES)
     client, sent = orjson.loads(raw), orjson.loads(forwarded)
-    before_text, after_text = _system_text(shape, client), _system_text(shape, sent)
+    before_text, after_text = shape.system_text(client), shape.system_text(sent)
     # Messages carry their cache marks in their own blocks (the steps' items do not).
     marks = (mark_count(sent) - mark_count(client) if shape is MESSAGES
              and isinstance(client, dict) and isinstance(sent, dict) else None)
@@ -232,33 +232,11 @@ def _added_words(item: Any, client: set[bytes]) -> bool:
     return isinstance(item, dict) and item.get("role") == "user" and _digest(item) not in client
 
 
-def _system_text(shape: object, body: Any) -> str:
-    """The text of a client body's system prompt: Responses' ``instructions``, Messages'
-    ``system``, Chat's first system or developer message."""
-    if not isinstance(body, dict):
-        return ""
-    if shape is MESSAGES:
-        system = body.get("system")
-        return system if isinstance(system, str) else message_text({"content": system})
-    if shape is CHAT:
-        first = _first_system(body.get("messages"))
-        return message_text(first) if first is not None else ""
-    text = body.get("instructions")
-    return text if isinstance(text, str) else ""
-
-
-def _first_system(items: Any) -> Item | None:
-    if not isinstance(items, list):
-        return None
-    return next((i for i in items if isinstance(i, dict) and i.get("role") in SYSTEM_ROLES),
-                None)
-
-
 def _system_as_sent(shape: object, items_in: list[Any], items_out: list[Any]) -> list[Any]:
     """``items_out`` with Chat's first system message the client's, when the steps only
     appended to it, or without it when they added it (what they wrote there is counted as
     instructions)."""
-    before, after = _first_system(items_in), _first_system(items_out)
+    before, after = first_system(items_in), first_system(items_out)
     if shape is not CHAT or after is None or before is after:
         return items_out
     if before is None:  # a system message of the steps' own, first

@@ -204,6 +204,14 @@ def _message_of(message: dict[str, Any], group: list[tuple[Item, int]], parts: i
     return out
 
 
+def first_system(messages: Any) -> Item | None:
+    """The first system or developer message (where the steps' instructions go)."""
+    if not isinstance(messages, list):
+        return None
+    return next((m for m in messages if isinstance(m, dict) and m.get("role") in SYSTEM_ROLES),
+                None)
+
+
 def system_with(messages: list[Any], added: Any) -> list[Any]:
     """``messages`` with the text steps appended to ``instructions`` at the end of the first
     system or developer message (a new system message first when there is none)."""

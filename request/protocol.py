@@ -71,6 +71,12 @@ class Protocol:
         except (TypeError, ValueError):
             return body
 
+    def system_text(self, body: Any) -> str:
+        """The text of a body's system prompt, where the steps' instructions go: Responses'
+        ``instructions``, Messages' ``system``, Chat's first system or developer message."""
+        text = body.get("instructions") if isinstance(body, dict) else None
+        return text if isinstance(text, str) else ""
+
     def counted(self, body: Any) -> Any:
         """A body of this protocol as the ledger counts its prompt (``ledger.counterfactual``
         reads Responses bodies and Anthropic Messages ones, each in its provider's order)."""
@@ -108,6 +114,10 @@ class Messages(Protocol):
 
     def counted(self, body: Any) -> Any:
         return body  # tools, each system block, each message: Anthropic's order
+
+    def system_text(self, body: Any) -> str:
+        system = body.get("system") if isinstance(body, dict) else None
+        return system if isinstance(system, str) else message_text({"content": system})
 
     def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
         items, view = messages_.parse(body)
@@ -205,6 +215,10 @@ class Chat(Protocol):
     # A Chat message has no place for a breakpoint mark: whatever caching the provider does
     # is its own, by prefix.
     item_marks = False
+
+    def system_text(self, body: Any) -> str:
+        first = chat_.first_system(body.get("messages")) if isinstance(body, dict) else None
+        return message_text(first) if first is not None else ""
 
     def parse(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Item], object]:
         items, view = chat_.parse(body)
