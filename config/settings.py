@@ -162,9 +162,9 @@ class Settings(BaseSettings):
         description="The fewest user turns a cut leaves (the newest included; cost policy).",
     )
     cut_digest_chars: int = Field(
-        16000, ge=0,
-        description="After a cut, tell the model what was cut: a map of the newest cut turns "
-        "(each prompt's start and the paths and names its commands and their output used) in "
+        6000, ge=0,
+        description="After a cut, tell the model what was cut: a map of the paths and names "
+        "the newest cut turns' commands and reasoning used (those most turns used first) in "
         "one <earlier_turns> message of at most this many characters; 0: off.",
     )
     window_max_tokens: int = Field(

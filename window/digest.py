@@ -1,4 +1,4 @@
-"""What the window tells the model about the turns it cut: their prompts and the names they used."""
+"""What the window tells the model about the turns it cut: the names they used."""
 
 from __future__ import annotations
 
@@ -95,9 +95,16 @@ def _cut_turn(
     # one ask of the secret rules for the whole turn (see redact_all).
     *texts, prompt = clean(_read(history, n))
     used: dict[str, None] = {}  # each name once, newest last
+    uses: dict[str, int] = {}  # how many of the turn's texts used it
     for text in texts:
-        _names(text, used)
-    return cut_digest.CutTurn(n + 1, prompt, tuple(list(used)[-MAX_NAMES:]))
+        here: dict[str, None] = {}
+        _names(text, here)
+        for name in here:
+            used.pop(name, None)
+            used[name] = None
+            uses[name] = uses.get(name, 0) + 1
+    names = list(used)[-MAX_NAMES:]
+    return cut_digest.CutTurn(n + 1, prompt, tuple(names), tuple(uses[x] for x in names))
 
 
 def digest_message(
@@ -105,9 +112,9 @@ def digest_message(
     clean: Callable[[Sequence[str]], list[str]] = redact_all,
     cut_turn: Callable[[int], cut_digest.CutTurn] | None = None,
 ) -> Item | None:
-    """A developer message with the turns before ``first`` (the newest MAX_TURNS of them, as
-    many as fit in ``max_chars``), secrets redacted; None when none fits. ``cut_turn(n)``, when
-    given, says what turn ``n`` is (a memo of ``_cut_turn``)."""
+    """A developer message with the map of the turns before ``first`` (the newest MAX_TURNS
+    of them, their names as many as fit in ``max_chars``), secrets redacted; None when no name
+    fits. ``cut_turn(n)``, when given, says what turn ``n`` is (a memo of ``_cut_turn``)."""
     turn = cut_turn or (lambda n: _cut_turn(history, n, clean))
     newest_first = (turn(n) for n in range(first - 1, max(first - MAX_TURNS, 0) - 1, -1))
     text = cut_digest.render(newest_first, max_chars)

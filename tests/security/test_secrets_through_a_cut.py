@@ -243,11 +243,10 @@ async def test_no_secret_of_a_cut_turn_reaches_the_upstream_store_ledger_capture
     assert ledger.recorder is not None
     await ledger.recorder.join()
 
-    # Each shape's turn was told in a digest, with a name its command used, and redacted.
+    # Each shape's turn was told in a digest, by a name its command used (the digest is a
+    # map of names, taken from the texts after redaction).
     told = "\n".join(shown)
-    assert [k for k in range(len(SHAPES))
-            if f"shape {k}:" not in told or f"conf/shape_{k}.yaml" not in told] == []
-    assert "[REDACTED" in told
+    assert [k for k in range(len(SHAPES)) if f"conf/shape_{k}.yaml" not in told] == []
     bodies = [r.body.decode(errors="replace") for r in upstream.received]
     assert len(bodies) == len(range(0, len(SHAPES), BATCH))
     assert any("<episodic_memory" in body for body in bodies)  # the cut turns, recalled
@@ -272,18 +271,24 @@ async def test_no_secret_of_a_cut_turn_reaches_the_upstream_store_ledger_capture
 
 
 def test_a_key_split_where_the_digest_stops_reading_is_shown_in_no_part() -> None:
-    # Where the digest stops reading a prompt (now and as it was) or an output (for names), a
-    # key the limit runs through shows in no part: half a key is still a secret, and no rule
-    # knows it for one.
+    # Where the digest stops reading a command or a reasoning summary (for names), a key the
+    # limit runs through shows in no part: half a key is still a secret, and no rule knows
+    # it for one.
     key = "ghp_" + run(ALNUM, 36)
-    for where, at in [("prompt", 790), ("prompt", 1590), ("output", 3990)]:
-        text = "deploy" + " " * (at - 6) + key
-        prompt, output = (text, "ok") if where == "prompt" else ("deploy it", text)
-        items = [*codex.context_items(), *codex.tool_turn(prompt, output),
-                 *codex.text_turn("next"), codex.text("user", "go on")]
+    for where in ("command", "summary"):
+        text = "deploy_site" + " " * 3979 + key
+        command, summary = (text, "ok") if where == "command" else ("ls", text)
+        turn = [codex.text("user", "deploy it"),
+                {"type": "reasoning", "id": "rs_1", "encrypted_content": "e",
+                 "summary": [{"type": "summary_text", "text": summary}]},
+                {"type": "function_call", "name": "exec_command", "call_id": "c1",
+                 "arguments": json.dumps({"cmd": command})},
+                {"type": "function_call_output", "call_id": "c1", "output": "done"}]
+        items = [*codex.context_items(), *turn, *codex.text_turn("next"),
+                 codex.text("user", "go on")]
         made = digest_message(History(items), 2, 8000)
         assert made is not None
         shown = made["content"][0]["text"]
-        assert "deploy" in shown
+        assert "deploy_site" in shown
         pieces = [key[i : i + 6] for i in range(4, len(key) - 5)]
-        assert [piece for piece in pieces if piece in shown] == [], (where, at)
+        assert [piece for piece in pieces if piece in shown] == [], where

@@ -55,7 +55,11 @@ def digest_of(items: list[Item]) -> etree._Element | None:
     return None
 
 
-async def test_a_cut_leaves_the_cut_turns_prompts_and_the_names_they_used() -> None:
+def seen_names(digest: etree._Element) -> list[str]:
+    return (digest.findtext("seen") or "").split()
+
+
+async def test_a_cut_leaves_a_map_of_the_names_the_cut_turns_used() -> None:
     step = WindowStep(2, policy=None, digest_chars=8000)  # the fixed window: cut to 2 turns
     items = [*codex.context_items(), *task(1), *task(2), *task(3),
              codex.text("user", "task 4: go on")]
@@ -63,20 +67,18 @@ async def test_a_cut_leaves_the_cut_turns_prompts_and_the_names_they_used() -> N
 
     digest = digest_of(sent)
     assert digest is not None
-    assert [t.get("n") for t in digest.findall("turn")] == ["1", "2"]
-    first = digest.find("turn")
-    assert first is not None
-    assert "task 1: fix src/mod_1/core.py" in (first.findtext("prompt") or "")
-    # A map, not a transcript: the names its commands used, no commands, nothing of what
-    # only their outputs showed.
-    assert first.find("call") is None
-    seen = set((first.findtext("seen") or "").split())
-    assert {f"helper_1_{c}" for c in range(3)} <= seen
-    assert not {"src/found_1_0.py", "ParserState"} & seen
-    # A name both turns used is told once, with the newer turn.
-    second = digest.findall("turn")[1]
-    assert "src/shared.py" in (second.findtext("seen") or "").split()
-    assert "src/shared.py" not in seen
+    assert digest.find("seen") is not None and digest.find("seen").get("turns") == "1-2"
+    # A map, not a transcript: the names the commands used, no commands, nothing of what
+    # only their outputs showed, no prompts.
+    names = seen_names(digest)
+    assert {f"helper_{n}_{c}" for n in (1, 2) for c in range(3)} <= set(names)
+    assert not {"src/found_1_0.py", "ParserState"} & set(names)
+    # Of the prompts, only the newest cut turn's start: what the session was on.
+    assert [(t.get("n"), t.text) for t in digest.findall("turn")] == [
+        ("2", "task 2: fix src/mod_2/core.py")]
+    assert "task 1" not in etree.tostring(digest, encoding="unicode")
+    # A name both turns used is told once, and first: later turns go back to it.
+    assert names.count("src/shared.py") == 1 and names[0] == "src/shared.py"
     # It stands right before the first kept turn's prompt, after the pinned context.
     at = next(i for i, item in enumerate(sent) if is_turn_start(item))
     assert digest_of([sent[at - 1]]) is not None
@@ -113,18 +115,24 @@ def test_the_digest_names_what_the_model_wrote_beyond_the_shown_command() -> Non
     items = [*codex.context_items(), *turn, *task(2), codex.text("user", "task 3")]
     made = digest_message(History(items), 1, 8000)
     assert made is not None
-    seen = etree.fromstring(made["content"][0]["text"].encode()).findtext("turn/seen") or ""
-    assert {"INSTALLED_APPS", "settings.configure", "QuerySetIterator"} <= set(seen.split())
+    seen = seen_names(etree.fromstring(made["content"][0]["text"].encode()))
+    assert {"INSTALLED_APPS", "settings.configure", "QuerySetIterator"} <= set(seen)
 
 
-def test_the_digest_keeps_to_its_budget_newest_turns_first() -> None:
-    turns = [CutTurn(n, f"prompt {n} " * 50, tuple(f"name_{n}_{c}" for c in range(40)))
-             for n in range(1, 30)]
-    text = render(reversed(turns), 3000)
-    assert text is not None and len(text) <= 3000
-    shown = [t.get("n") for t in etree.fromstring(text.encode()).findall("turn")]
-    assert shown == sorted(shown, key=int) and shown[-1] == "29"
-    assert render(reversed(turns), 50) is None  # not even the block's own tags fit
+def test_the_digest_keeps_to_its_budget_most_used_names_first() -> None:
+    # Turn n used name_n_c in c + 1 of its texts, and "common" in every turn.
+    turns = [CutTurn(n, f"prompt {n}", (*(f"name_{n}_{c}" for c in range(40)), "common"),
+                     (*(c + 1 for c in range(40)), 1)) for n in range(1, 30)]
+    text = render(reversed(turns), 600)
+    assert text is not None and len(text) <= 600
+    told = seen_names(etree.fromstring(text.encode()))
+    assert told[0] == "common"  # every turn used it
+    # then by how many texts used each, the newest turn first among equals
+    assert told[1:4] == ["name_29_39", "name_28_39", "name_27_39"]
+    # A name inside a longer one told is not told again: the longer says it.
+    inside = render([CutTurn(1, "p", ("core.py", "src/core.py"), (5, 1))], 600)
+    assert inside is not None and seen_names(etree.fromstring(inside.encode())) == ["src/core.py"]
+    assert render(reversed(turns), 250) is None  # not even the block's own tags fit
 
 
 def test_hostile_outputs_cost_bounded_work() -> None:
