@@ -27,17 +27,11 @@ DropReason = Literal["full", "failed"]
 BATCH = 200
 BATCH_BYTES = 8 * 1024 * 1024  # of bodies: what one hand-over to the counting process copies
 PRUNE_EVERY_S = 3600.0
-# How long the worker lets rows gather after the first before it counts them: each batch
-# costs a read of the store, a hand-over to the counting process and a write, whatever its
-# size, and at one request at a time every row was its own batch (bench/RESULTS.md, Proxy
-# overhead: issue 45 item 9, second pass).
-GATHER_S = 0.25
 DAY_S = 86_400.0
 
 
 class Recorder:
-    """At most ``max_rows`` rows and ``max_bytes`` of bodies waiting; one worker, which
-    takes a batch ``gather_s`` after its first row came."""
+    """At most ``max_rows`` rows and ``max_bytes`` of bodies waiting; one worker."""
 
     def __init__(
         self,
@@ -49,10 +43,8 @@ class Recorder:
         max_bytes: int = 256 * 1024 * 1024,
         on_drop: Callable[[DropReason, int], None] = lambda reason, n: None,
         clock: Callable[[], float] = time.time,
-        gather_s: float = 0.0,
     ) -> None:
         self._ledger = ledger
-        self._gather_s = gather_s
         self.counting = counting
         self._retention_s = retention_days * DAY_S
         self._queue: asyncio.Queue[Pending] = asyncio.Queue(max_rows)
@@ -107,8 +99,6 @@ class Recorder:
     async def _work(self) -> None:
         while True:
             batch = [await self._queue.get()]
-            if self._gather_s > 0:
-                await asyncio.sleep(self._gather_s)
             size = batch[0].size
             while len(batch) < BATCH and size < BATCH_BYTES and not self._queue.empty():
                 batch.append(self._queue.get_nowait())

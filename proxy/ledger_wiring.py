@@ -14,7 +14,7 @@ from ctxproxy.injectors import tokens
 from ctxproxy.ledger import Ledger, LedgerError, Prices, Record
 from ctxproxy.ledger.counterfactual import PartCounter
 from ctxproxy.ledger.measure import Bodies, Counting, InProcess, InThread, Measurer, Pending
-from ctxproxy.ledger.recorder import GATHER_S, Recorder
+from ctxproxy.ledger.recorder import Recorder
 from ctxproxy.ledger.stores import make_ledger
 from ctxproxy.proxy.app import CLOCK, METRICS, SETTINGS
 from ctxproxy.request import Access, End, Sent, Step
@@ -62,7 +62,7 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     recorder = Recorder(
         ledger, _counting(settings.stats_process), retention_days=settings.stats_retention_days,
         on_drop=lambda reason, n: metrics.ledger_dropped.labels(reason).inc(n),
-        clock=app[CLOCK], gather_s=GATHER_S,
+        clock=app[CLOCK],
     )
     recorder.start()
     app[LEDGER] = LedgerSide(ledger, recorder, prices)
