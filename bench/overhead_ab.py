@@ -4,14 +4,17 @@ relay: CPU per request and time to first byte at c=1, round by round in one run.
     python -m bench overhead_ab --base /tmp/base       # a checkout (git archive REV | tar -x)
     python -m bench overhead_ab --set STATS_ENABLED=false   # this tree, a setting off
     python -m bench overhead_ab --base /tmp/base --rounds 10 --requests 100
+    python -m bench overhead_ab --variant nostats:STATS_ENABLED=false --variant fwd=/tmp/fwd
 
 The fake upstream, the bare relay (bench/harness/naive.py) and two proxies with their defaults
 (window, knowledge, memory, as bench/overhead.py's first column) run as their own processes;
 ``a`` is ``--base`` (else this tree), ``b`` this tree with ``--set``. Each round sends
 ``--requests`` requests at c=1 to each target in turn (the order rotates), reading each
 process's CPU time around its batch, then 60 requests to each interleaved one by one for the
-time to first byte. On a shared machine one run's absolute figures move by tens of percent;
-the ratio of the two builds within each round is the figure to read.
+time to first byte. ``--variant NAME[=DIR][:SETTING=VALUE,...]`` adds builds to the same
+rounds (DIR: a checkout, else this tree), each read against the relay. On a shared machine
+one run's absolute figures move by tens of percent; the ratio of the two builds within each
+round is the figure to read.
 """
 
 from __future__ import annotations
@@ -96,6 +99,15 @@ def report(cpu: dict[str, list[float]], ttfb: dict[str, list[float]], about: str
     return "\n".join(lines)
 
 
+def _settings(pairs: list[str]) -> dict[str, str]:
+    """NAME=VALUE pairs as the environment's CTXPROXY_ settings."""
+    extra = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        extra["CTXPROXY_" + key.upper().removeprefix("CTXPROXY_")] = value
+    return extra
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, help="the checkout build a runs (else this tree)")
@@ -103,11 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a setting for build b (CTXPROXY_ may be left out)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--requests", type=int, default=100, help="per target and round")
+    parser.add_argument("--variant", action="append", default=[],
+                        metavar="NAME[=DIR][:SETTING=VALUE,...]",
+                        help="one more build in the same rounds (DIR: else this tree)")
     args = parser.parse_args(argv)
-    extra = {}
-    for pair in args.set:
-        key, _, value = pair.partition("=")
-        extra["CTXPROXY_" + key.upper().removeprefix("CTXPROXY_")] = value
+    extra = _settings(args.set)
+    variants = []
+    for spec in args.variant:
+        head, _, pairs = spec.partition(":")
+        name, _, where = head.partition("=")
+        variants.append((name, Path(where).resolve() if where else ROOT,
+                         _settings(pairs.split(",") if pairs else [])))
     base = (args.base or ROOT).resolve()
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp:
         workdir = Path(tmp)
@@ -122,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                server_env({}), relay_port, workdir))
             procs.append(_proxy("a", upstream, workdir, base, {}))
             procs.append(_proxy("b", upstream, workdir, ROOT, extra))
+            for name, root, settings in variants:
+                procs.append(_proxy(name, upstream, workdir, root, settings))
             cpu, ttfb = asyncio.run(_measure(procs, args.rounds, args.requests))
         finally:
             for proc in reversed(procs):

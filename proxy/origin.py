@@ -11,6 +11,7 @@ is not JSON (415). /healthz and /readyz stay open to probes: they read and write
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Awaitable, Callable
 from urllib.parse import SplitResult, urlsplit
@@ -51,6 +52,7 @@ def host_port(host: str) -> tuple[str, int | None] | None:
     return (name, int(port) if port else None) if name else None
 
 
+@functools.lru_cache(maxsize=256)  # the names a proxy is reached by are few
 def _loopback(name: str) -> bool:
     if name == "localhost":
         return True

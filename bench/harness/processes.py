@@ -63,7 +63,9 @@ def server_env(extra: dict[str, str]) -> dict[str, str]:
 def start(name: str, cmd: list[str], env: dict[str, str], port: int, workdir: Path) -> Proc:
     log = workdir / f"{name}.log"
     out: IO[bytes] = log.open("wb")
-    popen = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    # Started in the work directory: `python -m` puts its cwd first on sys.path, ahead of
+    # PYTHONPATH, so a build under test (overhead_ab's --base) would lose to the caller's tree.
+    popen = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     out.close()
     proc = Proc(name, popen, port, log)
     deadline = time.monotonic() + 30
@@ -92,7 +94,7 @@ def stop(proc: Proc) -> None:
 def proxy_cmd(profile: Path | None = None) -> list[str]:
     prefix = [sys.executable]
     if profile is not None:
-        prefix += ["-m", "cProfile", "-o", str(profile)]
+        prefix += ["-m", "cProfile", "-o", str(profile.resolve())]  # the server runs elsewhere
     return [*prefix, "-m", "ctxproxy.proxy", "serve"]
 
 
