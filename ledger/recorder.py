@@ -1,15 +1,13 @@
 """Writes the ledger's rows off the request path: the relay hands over what it saw and goes
-on; one worker task has the tokens counted and the direct counterfactual priced (in a child
-process, or a thread: ``ledger.measure``) and inserts the rows in batches. The direct
-estimate's state is read from the store before each batch and written back with its rows, so
-that any replica continues a session's estimate. Bounded by rows
-and bytes; what does not fit is dropped and counted, never waited for. Owned by the app:
-started and drained in its cleanup context."""
+on; one worker task (``plumbing.batches``) has the tokens counted and the direct
+counterfactual priced (in a child process, or a thread: ``ledger.measure``) and inserts the
+rows in batches. The direct estimate's state is read from the store before each batch and
+written back with its rows, so that any replica continues a session's estimate. Bounded by
+rows and bytes; what does not fit is dropped and counted, never waited for. Owned by the
+app: started and drained in its cleanup context."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +16,7 @@ from typing import Literal
 from ctxproxy.ledger.counterfactual import TTL_S
 from ctxproxy.ledger.measure import Counting, Known, Pending
 from ctxproxy.ledger.model import Ledger, LedgerError
+from ctxproxy.plumbing.batches import BatchWriter
 
 __all__ = ["DropReason", "Recorder"]
 
@@ -47,68 +46,37 @@ class Recorder:
         self._ledger = ledger
         self.counting = counting
         self._retention_s = retention_days * DAY_S
-        self._queue: asyncio.Queue[Pending] = asyncio.Queue(max_rows)
-        self._max_bytes = max_bytes
         self._on_drop = on_drop
         self._clock = clock
-        self._worker: asyncio.Task[None] | None = None
+        self._rows = BatchWriter(
+            self._write, name="ctxproxy-ledger", size_of=lambda p: p.size,
+            max_rows=max_rows, max_bytes=max_bytes, batch_rows=BATCH,
+            batch_bytes=BATCH_BYTES, on_failed=lambda n: self._drop("failed", n))
         self._pruned_at = -PRUNE_EVERY_S  # the first write prunes, whatever the uptime
-        self.bytes = 0
         self.written = 0
         self.dropped = 0
 
     def start(self) -> None:
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._work(), name="ctxproxy-ledger")
+        self._rows.start()
 
     def put(self, pending: Pending) -> bool:
         """Queue one row (never waits); False when it was dropped (counted)."""
-        size = pending.size
-        if self.bytes + size > self._max_bytes and not self._queue.empty():
-            self._drop("full", 1)
-            return False
-        try:
-            self._queue.put_nowait(pending)
-        except asyncio.QueueFull:
-            self._drop("full", 1)
-            return False
-        self.bytes += size
-        return True
+        if self._rows.put(pending):
+            return True
+        self._drop("full", 1)
+        return False
 
     async def join(self) -> None:
         """Wait until every queued row is written (tests, shutdown)."""
-        await self._queue.join()
+        await self._rows.join()
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        if self._worker is not None:
-            try:
-                await asyncio.wait_for(self._queue.join(), timeout_s)
-            except TimeoutError:
-                log.warning("ledger rows still queued at shutdown were dropped: %d",
-                            self._queue.qsize())
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
+        await self._rows.close(timeout_s)
         await self.counting.close()
 
     def _drop(self, reason: DropReason, n: int) -> None:
         self.dropped += n
         self._on_drop(reason, n)
-
-    async def _work(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            size = batch[0].size
-            while len(batch) < BATCH and size < BATCH_BYTES and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-                size += batch[-1].size
-            try:
-                await self._write(batch)
-            finally:
-                for pending in batch:
-                    self.bytes -= pending.size
-                    self._queue.task_done()
 
     async def _known(self, batch: list[Pending]) -> Known:
         """The store's direct-cost state of the batch's sessions (what every replica recorded
@@ -140,10 +108,6 @@ class Recorder:
             await self._prune_now_and_then(min(r.at for r in records))
         except LedgerError as exc:
             log.warning("ledger write failed: %s", exc)
-            self._drop("failed", len(batch))
-        except Exception:
-            # A bug in one batch must not stop the worker, and every later row with it.
-            log.exception("ledger write failed")
             self._drop("failed", len(batch))
 
     async def _prune_now_and_then(self, oldest: float) -> None:

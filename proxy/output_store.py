@@ -12,14 +12,12 @@ the store too (PostgreSQL), so every replica makes the same id for the same outp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import secrets
 import sqlite3
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ import psycopg
 from ctxproxy.config.files import secret_key
 from ctxproxy.injectors.redact import redact_whole
 from ctxproxy.plumbing import sqlite as sqlite_file
+from ctxproxy.plumbing.batches import BatchWriter
 from ctxproxy.plumbing.pg import Pool, Schema, open_pool
 
 __all__ = [
@@ -247,9 +246,9 @@ class SqliteOutputs:
 
 class Shelf:
     """The bounded writer in front of a store: ``offer`` (any thread, never waits) queues an
-    output; one task redacts and stores them in batches. What does not fit is counted
-    (``on_drop``) and stays only in the process's own cache. Owned by the app: started and
-    drained in its cleanup context."""
+    output; one task (``plumbing.batches``) redacts and stores them in batches. What does
+    not fit is counted (``on_drop``) and stays only in the process's own cache. Owned by the
+    app: started and drained in its cleanup context."""
 
     def __init__(
         self, store: OutputStore, *, max_scope_bytes: int, max_age_s: float,
@@ -261,75 +260,31 @@ class Shelf:
         self._max_scope_bytes = max_scope_bytes
         self._max_age_s = max_age_s
         self._on_drop = on_drop
-        self._max_rows, self._max_bytes = max_rows, max_bytes
         self._clock = clock
-        self._queue: deque[Stored] = deque()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._loop = asyncio.get_running_loop()
-        self._task: asyncio.Task[None] | None = None
+        self._rows = BatchWriter(
+            self._write, name="ctxproxy-outputs", size_of=lambda r: r.size,
+            max_rows=max_rows, max_bytes=max_bytes, batch_rows=BATCH,
+            on_failed=lambda n: on_drop("failed", n))
         self._pruned_at = 0.0
         self.written = 0
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._work(), name="ctxproxy-outputs")
+        self._rows.start()
 
     def offer(self, row: Stored) -> bool:
         """Queue ``row`` for the store; False when it was dropped (counted)."""
-        size = row.size
-        with self._lock:
-            full = len(self._queue) >= self._max_rows or (
-                len(self._queue) > 0 and self._bytes + size > self._max_bytes)
-            if not full:
-                self._queue.append(row)
-                self._bytes += size
-        if full:
-            self._on_drop("full", 1)
-            return False
-        self._loop.call_soon_threadsafe(self._signal)
-        return True
-
-    def _signal(self) -> None:
-        self._idle.clear()
-        self._wake.set()
+        if self._rows.put(row):
+            return True
+        self._on_drop("full", 1)
+        return False
 
     async def join(self) -> None:
         """Wait until every queued output is written (tests, shutdown)."""
-        while self._queue or not self._idle.is_set():
-            await self._idle.wait()
-            await asyncio.sleep(0)
+        await self._rows.join()
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self.join(), timeout_s)
-            except TimeoutError:
-                log.warning("masked outputs still queued at shutdown were not stored: %d",
-                            len(self._queue))
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._rows.close(timeout_s)
         await self.store.close()
-
-    def _take(self) -> list[Stored]:
-        with self._lock:
-            batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
-            self._bytes -= sum(r.size for r in batch)
-        return batch
-
-    async def _work(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while batch := self._take():
-                await self._write(batch)
-            if not self._queue:
-                self._idle.set()
 
     async def _write(self, batch: list[Stored]) -> None:
         texts = await asyncio.to_thread(lambda: [redact_whole(r.text) for r in batch])
@@ -344,7 +299,4 @@ class Shelf:
             self.written += len(rows)
         except OutputStoreError as exc:
             log.warning("masked outputs not stored: %s", exc)
-            self._on_drop("failed", len(rows))
-        except Exception:
-            log.exception("storing masked outputs failed")  # the next batch still goes
             self._on_drop("failed", len(rows))
