@@ -22,8 +22,9 @@ a few of any question's words somewhere, which says nothing.
 A question that names a speaker of a dialogue a memory holds (memory.speakers) asks what that
 speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, or
 the lines that speak of another's things (another's "I", the named one's "you") hold
-OWN_MARGIN more of them than those that speak of the named one's, the dialogues are left out
-(the question names the wrong speaker, or something nobody said).
+OWN_MARGIN more of them than those that speak of the named one's, or the best of the first
+OWNED_TOP dialogues holds its words best only in lines about another's things, the dialogues
+are left out (the question names the wrong speaker, or something nobody said).
 
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
@@ -54,6 +55,7 @@ from ctxproxy.memory.snippets import (
     snippet,
     whole_match,
 )
+from ctxproxy.memory.speakers import Said
 
 __all__ = [
     "Candidate", "Found", "Mode", "Recaller", "Standing", "Weights", "decay", "fuse",
@@ -73,6 +75,8 @@ MAX_MENTIONED = 5
 SAID_MIN_SCORE = 0.3
 # How much more of them the lines speaking of another's things may hold (same).
 OWN_MARGIN = 0.1
+# How many of the best dialogues found say whose story the question's words belong to (same).
+OWNED_TOP = 3
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
 
 Mode = Literal["lexical", "hybrid", "lexical-degraded"]
@@ -125,9 +129,25 @@ def _spoken(candidates: Sequence[Candidate], query: str) -> Sequence[Candidate]:
     if not held:
         return candidates
     if (max(m.said for m in held) >= SAID_MIN_SCORE
-            and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN):
+            and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN
+            and not _others_story(said)):
         return candidates
     return [c for c, m in said if m is None or c.relevance >= MENTIONED]
+
+
+def _others_story(said: Sequence[tuple[Candidate, Said | None]]) -> bool:
+    """Whether, of the first OWNED_TOP dialogues found (by relevance), the one whose line
+    holds most of the question's words (the first on a tie) holds them only in lines about
+    another's things (``Said.best_others``): an answerable question's words are most at home
+    in the named speaker's own story, a question that names the wrong speaker's in the
+    other's (bench/RESULTS.md, LoCoMo: chosen on conversations 0-4)."""
+    first: dict[str, tuple[float, Said]] = {}
+    for c, m in said:
+        if m is not None and c.relevance > first.get(c.memory.memory_id, (-1.0, m))[0]:
+            first[c.memory.memory_id] = (c.relevance, m)
+    top = sorted(first.values(), key=lambda at: -at[0])[:OWNED_TOP]
+    best = max(top, key=lambda at: at[1].best, default=None)  # max keeps the first of ties
+    return best is not None and best[1].best_others
 
 
 @dataclass(frozen=True, slots=True)
