@@ -75,6 +75,11 @@ MAX_MENTIONED = 5
 SAID_MIN_SCORE = 0.3
 # How much more of them the lines speaking of another's things may hold (same).
 OWN_MARGIN = 0.1
+# A searched memory under TAIL_BAR of the best one's relevance (1: both searches scale so) is
+# shown as its best lines within TAIL_SNIPPET_TOKENS: it less often holds the answer, and the
+# few lines the question's words pick are what it has to add (same).
+TAIL_BAR = 0.85
+TAIL_SNIPPET_TOKENS = 120
 # How many of the best dialogues found say whose story the question's words belong to (same).
 OWNED_TOP = 3
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
@@ -192,9 +197,10 @@ class _Seen:
             self._matches[memory.memory_id] = best_match(memory.text, self.query)
         return self._matches[memory.memory_id]
 
-    def view(self, memory: Memory) -> Memory:
+    def view(self, memory: Memory, max_tokens: int) -> Memory:
         if memory.memory_id not in self._views:
-            self._views[memory.memory_id] = self._recaller.view(memory, self.query)[0]
+            self._views[memory.memory_id] = self._recaller.view(
+                memory, self.query, max_tokens)[0]
         return self._views[memory.memory_id]
 
 
@@ -497,7 +503,8 @@ class Recaller:
             # Found by meaning, not by the question's words: show the chunk that matched.
             view = self.chunk_view(memory, c.span)
         else:
-            view = seen.view(memory)
+            view = seen.view(memory, self.snippet_tokens if c.relevance >= TAIL_BAR
+                             else min(self.snippet_tokens, TAIL_SNIPPET_TOKENS))
         before = shown.get(memory.memory_id)
         if before is not None:  # an earlier recall message in the window shows it
             if lines_of(view.text) <= set(before):
@@ -546,9 +553,12 @@ class Recaller:
         cut = snippet(part, "", self.snippet_tokens)
         return memory if cut.text == text else replace(memory, text=cut.text)
 
-    def view(self, memory: Memory, query: str) -> tuple[Memory, float]:
-        """``memory`` as a recall block shows it for ``query`` (its snippet; not stored), and
-        the share of the question's words its best line holds."""
-        cut = snippet(memory.text, query, self.snippet_tokens)
+    def view(self, memory: Memory, query: str,
+             max_tokens: int | None = None) -> tuple[Memory, float]:
+        """``memory`` as a recall block shows it for ``query`` (its snippet, within
+        ``max_tokens``, by default the recaller's ``snippet_tokens``; not stored), and the
+        share of the question's words its best line holds."""
+        cut = snippet(memory.text, query,
+                      self.snippet_tokens if max_tokens is None else max_tokens)
         shown = memory if cut.text == memory.text else replace(memory, text=cut.text)
         return shown, cut.match
