@@ -11,7 +11,8 @@ score = relevance x type weight x time decay. Two selections per turn:
 
 Each selection keeps at most ``k`` memories; the standing one gets at most half the token
 budget and the recalled one what is left. A recalled memory is shown as the snippet of its
-lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs.
+lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs;
+one found well below the best (under TAIL_BAR of its relevance) in fewer tokens.
 
 With ``min_score`` (``CTXPROXY_RECALL_MIN_SCORE``) a recalled memory needs one line that,
 with the command that printed it, holds at least that share of the question's words (a
