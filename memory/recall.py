@@ -11,7 +11,8 @@ score = relevance x type weight x time decay. Two selections per turn:
 
 Each selection keeps at most ``k`` memories; the standing one gets at most half the token
 budget and the recalled one what is left. A recalled memory is shown as the snippet of its
-lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs.
+lines the question asks about (``memory.snippets.snippet``), and costs what the snippet costs;
+one found well below the best (under TAIL_BAR of its relevance) in fewer tokens.
 
 With ``min_score`` (``CTXPROXY_RECALL_MIN_SCORE``) a recalled memory needs one line that,
 with the command that printed it, holds at least that share of the question's words (a
@@ -22,8 +23,9 @@ a few of any question's words somewhere, which says nothing.
 A question that names a speaker of a dialogue a memory holds (memory.speakers) asks what that
 speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's other words, or
 the lines that speak of another's things (another's "I", the named one's "you") hold
-OWN_MARGIN more of them than those that speak of the named one's, the dialogues are left out
-(the question names the wrong speaker, or something nobody said).
+OWN_MARGIN more of them than those that speak of the named one's, or the best of the first
+OWNED_TOP dialogues holds its words best only in lines about another's things, the dialogues
+are left out (the question names the wrong speaker, or something nobody said).
 
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
@@ -54,6 +56,7 @@ from ctxproxy.memory.snippets import (
     snippet,
     whole_match,
 )
+from ctxproxy.memory.speakers import Said
 
 __all__ = [
     "Candidate", "Found", "Mode", "Recaller", "Standing", "Weights", "decay", "fuse",
@@ -73,6 +76,13 @@ MAX_MENTIONED = 5
 SAID_MIN_SCORE = 0.3
 # How much more of them the lines speaking of another's things may hold (same).
 OWN_MARGIN = 0.1
+# A searched memory under TAIL_BAR of the best one's relevance (1: both searches scale so) is
+# shown as its best lines within TAIL_SNIPPET_TOKENS: it less often holds the answer, and the
+# few lines the question's words pick are what it has to add (same).
+TAIL_BAR = 0.85
+TAIL_SNIPPET_TOKENS = 120
+# How many of the best dialogues found say whose story the question's words belong to (same).
+OWNED_TOP = 3
 VECTOR_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic")
 
 Mode = Literal["lexical", "hybrid", "lexical-degraded"]
@@ -125,9 +135,25 @@ def _spoken(candidates: Sequence[Candidate], query: str) -> Sequence[Candidate]:
     if not held:
         return candidates
     if (max(m.said for m in held) >= SAID_MIN_SCORE
-            and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN):
+            and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN
+            and not _others_story(said)):
         return candidates
     return [c for c, m in said if m is None or c.relevance >= MENTIONED]
+
+
+def _others_story(said: Sequence[tuple[Candidate, Said | None]]) -> bool:
+    """Whether, of the first OWNED_TOP dialogues found (by relevance), the one whose line
+    holds most of the question's words (the first on a tie) holds them only in lines about
+    another's things (``Said.best_others``): an answerable question's words are most at home
+    in the named speaker's own story, a question that names the wrong speaker's in the
+    other's (bench/RESULTS.md, LoCoMo: chosen on conversations 0-4)."""
+    first: dict[str, tuple[float, Said]] = {}
+    for c, m in said:
+        if m is not None and c.relevance > first.get(c.memory.memory_id, (-1.0, m))[0]:
+            first[c.memory.memory_id] = (c.relevance, m)
+    top = sorted(first.values(), key=lambda at: -at[0])[:OWNED_TOP]
+    best = max(top, key=lambda at: at[1].best, default=None)  # max keeps the first of ties
+    return best is not None and best[1].best_others
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +198,10 @@ class _Seen:
             self._matches[memory.memory_id] = best_match(memory.text, self.query)
         return self._matches[memory.memory_id]
 
-    def view(self, memory: Memory) -> Memory:
+    def view(self, memory: Memory, max_tokens: int) -> Memory:
         if memory.memory_id not in self._views:
-            self._views[memory.memory_id] = self._recaller.view(memory, self.query)[0]
+            self._views[memory.memory_id] = self._recaller.view(
+                memory, self.query, max_tokens)[0]
         return self._views[memory.memory_id]
 
 
@@ -477,7 +504,8 @@ class Recaller:
             # Found by meaning, not by the question's words: show the chunk that matched.
             view = self.chunk_view(memory, c.span)
         else:
-            view = seen.view(memory)
+            view = seen.view(memory, self.snippet_tokens if c.relevance >= TAIL_BAR
+                             else min(self.snippet_tokens, TAIL_SNIPPET_TOKENS))
         before = shown.get(memory.memory_id)
         if before is not None:  # an earlier recall message in the window shows it
             if lines_of(view.text) <= set(before):
@@ -526,9 +554,12 @@ class Recaller:
         cut = snippet(part, "", self.snippet_tokens)
         return memory if cut.text == text else replace(memory, text=cut.text)
 
-    def view(self, memory: Memory, query: str) -> tuple[Memory, float]:
-        """``memory`` as a recall block shows it for ``query`` (its snippet; not stored), and
-        the share of the question's words its best line holds."""
-        cut = snippet(memory.text, query, self.snippet_tokens)
+    def view(self, memory: Memory, query: str,
+             max_tokens: int | None = None) -> tuple[Memory, float]:
+        """``memory`` as a recall block shows it for ``query`` (its snippet, within
+        ``max_tokens``, by default the recaller's ``snippet_tokens``; not stored), and the
+        share of the question's words its best line holds."""
+        cut = snippet(memory.text, query,
+                      self.snippet_tokens if max_tokens is None else max_tokens)
         shown = memory if cut.text == memory.text else replace(memory, text=cut.text)
         return shown, cut.match

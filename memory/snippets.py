@@ -20,7 +20,15 @@ from itertools import accumulate
 from cachetools import LRUCache
 
 from ctxproxy.injectors import tokens
-from ctxproxy.memory.speakers import FIRST, SECOND, Said, named, persons_of, speakers_of
+from ctxproxy.memory.speakers import (
+    FIRST,
+    SECOND,
+    Said,
+    named,
+    of_others,
+    persons_of,
+    speakers_of,
+)
 from ctxproxy.memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from ctxproxy.memory.words import WORD, terms
 
@@ -430,6 +438,7 @@ def said_match(text: str, query: str) -> Said | None:
     if parsed.persons is None:
         parsed.persons = persons_of(parsed.low_lines, parsed.speakers)  # a race: the same
     said = [0.0] * 4
+    best, others = 0.0, False
     for words, speaker, person in zip(_words_by_line(parsed, wanted, asked.lines),
                                       parsed.speakers, parsed.persons, strict=True):
         share = len(words) / len(wanted)
@@ -439,7 +448,12 @@ def said_match(text: str, query: str) -> Said | None:
             said[2] = max(said[2], share)
         if person & (SECOND if theirs else FIRST):
             said[3] = max(said[3], share)
-    return Said(*said)
+        if speaker and share > 0 and share >= best:
+            # Of lines holding as much, one that is not another's story is enough.
+            mine = not of_others(theirs, person)
+            others = (not mine) if share > best else others and not mine
+            best = share
+    return Said(said[0], said[1], said[2], said[3], best, others)
 
 
 def best_match(text: str, query: str) -> float:

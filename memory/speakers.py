@@ -20,7 +20,7 @@ from typing import NamedTuple
 from ctxproxy.memory.turns import INDENT
 from ctxproxy.memory.words import WORD
 
-__all__ = ["FIRST", "SECOND", "Said", "named", "persons_of", "speakers_of"]
+__all__ = ["FIRST", "SECOND", "Said", "named", "of_others", "persons_of", "speakers_of"]
 
 # An optional bracketed stamp, then one to three capitalised words and ': '. Bounded
 # repetitions, anchored where the line's own text starts: linear.
@@ -85,3 +85,15 @@ class Said(NamedTuple):
     own: float  # a line about the named speaker's own: theirs in the first person, or
     # another's in the second ("I ran a race" said by them, "your race" said to them)
     others_own: float  # a line about another's own: the reverse
+    # The share the best of the speakers' lines holds, and whether every line holding that
+    # much speaks of another's things only (another's "I", the named one's "you"): the
+    # question's words are most at home in another's story.
+    best: float = 0.0
+    best_others: bool = False
+
+
+def of_others(theirs: bool, person: int) -> bool:
+    """A line said by the named speaker (``theirs``) or another, in ``person``
+    (``persons_of``), speaks of another's things only: the named one's "you" without an
+    "I", another's "I" without a "you". A line with both, or neither, is nobody's."""
+    return person == (SECOND if theirs else FIRST)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ctxproxy.injectors import memory_blocks, tokens
 from ctxproxy.memory.model import Hit, Memory, MemoryType, Scope
 from ctxproxy.memory.recall import (
+    TAIL_SNIPPET_TOKENS,
     Candidate,
     Recaller,
     Weights,
@@ -243,3 +244,22 @@ def test_fusion_of_several_vector_rankings_keeps_the_nearest_chunk() -> None:
     (fused,) = fuse([lexical, first, second])
 
     assert (fused.similarity, fused.span) == (0.6, (6, 20))
+
+
+def test_a_memory_found_well_below_the_best_is_shown_as_fewer_lines(tmp_path: Path) -> None:
+    # Two turns alike, each a question's line among many others; one found at half the best.
+    def turn(topic: str) -> str:
+        filler = [f"  line {n} of the {topic} notes, about nothing the question asks"
+                  for n in range(12)]
+        return "\n".join([f"User: the {topic} notes", *filler[:6],
+                          f"  the {topic} deploy port is 5433", *filler[6:]])
+
+    best, weak = mem(turn("alpha")), mem(turn("beta"))
+    picked = recaller(SqliteStore(tmp_path / "unused.sqlite3"))._pick(
+        [Candidate(best, 1.0), Candidate(weak, 0.5)], "which deploy port?", session="s",
+        exclude=(), shown={}, min_score=0.0, budget=10_000, now=NOW)
+    assert [m.key for m in picked] == [best.key, weak.key]
+    shown_best, shown_weak = picked
+    assert "port is 5433" in shown_best.text and "port is 5433" in shown_weak.text
+    assert tokens.count(shown_weak.text) <= TAIL_SNIPPET_TOKENS
+    assert tokens.count(shown_best.text) > TAIL_SNIPPET_TOKENS

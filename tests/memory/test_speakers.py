@@ -57,9 +57,30 @@ ECHOED = (
 def test_said_match_tells_whose_things_a_line_speaks_of() -> None:
     # Ada said the words, but of Ben's trip; Ben of his own.
     assert said_match(ECHOED, "Did Ada go sailing on the lake with her brother?") == (
-        0.75, 0.75, 0.0, 0.75)
+        0.75, 0.75, 0.0, 0.75, 0.75, True)
     assert said_match(ECHOED, "Did Ben go sailing on the lake with his brother?") == (
-        0.75, 0.75, 0.75, 0.0)
+        0.75, 0.75, 0.75, 0.0, 0.75, False)
+
+
+# Both tell of a fishing trip; Ben's line holds one word more (the pike).
+TWO_TRIPS = (
+    "User: [2 May, 2024] Ben: I went sailing on the lake with my brother and my uncle, we "
+    "caught three big trout and a pike at dawn one morning.\n"
+    "  [2 May, 2024] Ada: Wow! We went sailing on that lake with my brother and my uncle, and "
+    "caught three big trout at dawn one morning too.\n"
+    "  [2 May, 2024] Ben: Nice, the pike was the best part.\n"
+    "Assistant: Noted."
+)
+TRIP = ("Did {} catch three big trout and a pike at dawn one morning sailing on the lake with "
+        "{} brother and uncle?")
+
+
+def test_said_match_tells_whose_story_the_best_line_tells() -> None:
+    ada = said_match(TWO_TRIPS, TRIP.format("Ada", "her"))
+    ben = said_match(TWO_TRIPS, TRIP.format("Ben", "his"))
+    assert ada is not None and ben is not None
+    assert ada.best == ben.best > ada.own
+    assert (ada.best_others, ben.best_others) == (True, False)
 
 
 async def recalled(store: Store, question: str) -> list[Memory]:
@@ -89,3 +110,14 @@ async def test_a_question_naming_the_one_who_echoed_anothers_words_gets_no_recal
     assert await recalled(store, "Did Ada go sailing on the lake with her brother?") == []
     (got,) = await recalled(store, "Did Ben go sailing on the lake with his brother?")
     assert "with my brother" in got.text
+
+
+async def test_a_question_whose_words_are_best_held_by_anothers_story_gets_no_recall(
+    store: Store,
+) -> None:
+    # Ada's own line holds almost as many of the words (within OWN_MARGIN), Ben's the most.
+    await store.upsert([Memory(type="episodic", scope=SCOPE, key="t", text=TWO_TRIPS,
+                               session_id="old", created_at=NOW, updated_at=NOW)])
+    assert await recalled(store, TRIP.format("Ada", "her")) == []
+    (got,) = await recalled(store, TRIP.format("Ben", "his"))
+    assert "pike at dawn" in got.text
