@@ -191,7 +191,7 @@ class _Seen:
         self.query = query
         self._recaller = recaller
         self._matches: dict[str, float] = {}
-        self._views: dict[str, Memory] = {}
+        self._views: dict[tuple[str, int], Memory] = {}
 
     def match(self, memory: Memory) -> float:
         if memory.memory_id not in self._matches:
@@ -199,10 +199,10 @@ class _Seen:
         return self._matches[memory.memory_id]
 
     def view(self, memory: Memory, max_tokens: int) -> Memory:
-        if memory.memory_id not in self._views:
-            self._views[memory.memory_id] = self._recaller.view(
-                memory, self.query, max_tokens)[0]
-        return self._views[memory.memory_id]
+        key = (memory.memory_id, max_tokens)  # a tail's view is shorter than a head's
+        if key not in self._views:
+            self._views[key] = self._recaller.view(memory, self.query, max_tokens)[0]
+        return self._views[key]
 
 
 class Recaller:
