@@ -94,16 +94,14 @@ def _cut_turn(
     # "DB_PASSWORD=..." leaves the value where no rule knows it for one. Redacted together:
     # one ask of the secret rules for the whole turn (see redact_all).
     *texts, prompt = clean(_read(history, n))
-    used: dict[str, None] = {}  # each name once, newest last
-    uses: dict[str, int] = {}  # how many of the turn's texts used it
+    # Each name once, newest last, with how many of the turn's texts used it.
+    uses: dict[str, int] = {}
     for text in texts:
         here: dict[str, None] = {}
         _names(text, here)
         for name in here:
-            used.pop(name, None)
-            used[name] = None
-            uses[name] = uses.get(name, 0) + 1
-    names = list(used)[-MAX_NAMES:]
+            uses[name] = uses.pop(name, 0) + 1  # put back last: its newest use
+    names = list(uses)[-MAX_NAMES:]
     return cut_digest.CutTurn(n + 1, prompt, tuple(names), tuple(uses[x] for x in names))
 
 
