@@ -242,6 +242,11 @@ def _protocol(request: web.Request) -> Protocol:
 ANTHROPIC_HEADERS = ("anthropic-version", "x-api-key")
 
 
+# Anthropic's own paths outside /v1: Claude Code warms its connection with HEAD
+# {ANTHROPIC_BASE_URL}/api/hello, which has no place at the OpenAI upstream.
+ANTHROPIC_ONLY = "/api/"
+
+
 def _anthropic(request: web.Request) -> bool:
     return any(name in request.headers for name in ANTHROPIC_HEADERS)
 
@@ -377,7 +382,7 @@ def _forward_as_sent(app: web.Application, info: Access, exc: NotAResponsesReque
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Every other method and path, forwarded unchanged under UPSTREAM_URL (under client
     keys, only the routes ``proxy.passthrough`` allows); the model list asked by an Anthropic
-    client (its headers say so), under ANTHROPIC_URL."""
+    client (its headers say so) and Anthropic's /api/ paths, under ANTHROPIC_URL."""
     if request.headers.get("upgrade"):
         # Codex tries a WebSocket first when configured to; 426 makes it fall back to HTTP.
         return error_response(
@@ -391,7 +396,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     origin = targets.origin_path(request.raw_path)
     path = upstream_path(origin)
     models = path == "/models" or path.startswith("/models/")
-    protocol = MESSAGES if models and _anthropic(request) else RESPONSES
+    anthropic = (models and _anthropic(request)) or origin.startswith(ANTHROPIC_ONLY)
+    protocol = MESSAGES if anthropic else RESPONSES
     if not request.app[ROUTES].allows(request.method, path):
         return refusal(protocol)  # before the body is read: nothing of it goes anywhere
     credential = _credential(request, protocol)

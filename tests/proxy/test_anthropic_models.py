@@ -1,6 +1,7 @@
 """GET /v1/models from an Anthropic client (Claude Code, the anthropic SDK: its
 anthropic-version and x-api-key headers say so) goes to the Anthropic API, with its key rules;
-from an OpenAI client it goes to the OpenAI upstream as before."""
+from an OpenAI client it goes to the OpenAI upstream as before. Anthropic's /api/ paths (Claude
+Code's connection probe) go to the Anthropic API."""
 
 from __future__ import annotations
 
@@ -44,6 +45,17 @@ async def test_an_openai_clients_model_list_still_goes_to_the_openai_upstream(
         await r.read()
     assert [(r.method, r.path) for r in upstream.received] == [("GET", "/v1/models")]
     assert anthropic.received == []
+
+
+async def test_claude_codes_connection_probe_goes_to_the_anthropic_api(
+    start_proxy: ProxyFactory, anthropic: FakeAnthropic, upstream: FakeUpstream,
+) -> None:
+    # Claude Code sends HEAD {ANTHROPIC_BASE_URL}/api/hello with no headers of its own.
+    proxy = await start_proxy(anthropic_url=anthropic.url)
+    async with aiohttp.ClientSession() as s, s.head(proxy.url + "/api/hello") as r:
+        await r.read()
+    assert [(r.method, r.path) for r in anthropic.received] == [("HEAD", "/api/hello")]
+    assert upstream.received == []
 
 
 async def test_under_client_keys_the_model_list_carries_the_anthropic_key(
