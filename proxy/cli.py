@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
-        description="A transparent context proxy for coding agents (OpenAI Responses API). "
-        "`ctxproxy serve` runs it; with no command this help is printed.",
+        description="A transparent context proxy for coding agents (OpenAI Responses, Anthropic "
+        "Messages, Chat Completions). `ctxproxy serve` runs it; with no command this help is "
+        "printed.",
         epilog=settings_help(),
         formatter_class=formatter,
     )
