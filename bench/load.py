@@ -79,9 +79,8 @@ from bench.harness.processes import (
 )
 from bench.harness.results import RESULTS, write_block
 from bench.harness.serving import free_port
+from bench.harness.store_size import Sizes, measure_sizes, size_notes
 from bench.recall import backend
-from ctxproxy.memory.store_pg import PostgresStore
-from ctxproxy.memory.store_sqlite import SqliteStore
 
 SECTION = "## Load"
 BEGIN, END = "<!-- load:begin (written by bench/load.py) -->", "<!-- load:end -->"
@@ -165,15 +164,6 @@ def scrape(proc: Proc) -> dict[str, float]:
     return dict(out)
 
 
-async def stored_episodes(data_dir: Path, store_url: str | None) -> int:
-    store = PostgresStore(store_url) if store_url else SqliteStore(data_dir / "memory.sqlite3")
-    await store.open()
-    try:
-        return len(await store.list(None, types=["episodic"], limit=10_000_000))
-    finally:
-        await store.close()
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -186,7 +176,7 @@ class Outcome:
     rss_end_kib: int
     proxy_cpu_s: float
     metrics: dict[str, float]
-    episodes: int
+    sizes: Sizes | None  # what the run left in the store, measured before it is dropped
     wiki: str
     degraded: list[str]  # the memory parts that failed at least once
     log_tail: str
@@ -206,7 +196,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
         store_url = values.get("store_url")
         settings = [*args.set, *([f"store_url={store_url}"] if store_url else [])]
         outcome = await _measure(args, workdir, data_dir, settings)
-        return replace(outcome, episodes=await stored_episodes(data_dir, store_url))
+        return replace(outcome, sizes=await measure_sizes(data_dir, store_url))
 
 
 async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
@@ -261,7 +251,7 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     degraded = sorted({m.group(1) for log in logs
                        for m in re.finditer(r"memory degraded: (.*?) failed", log)})
     offsets = log_at[0] if log_at else [0] * len(proxies)
-    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
+    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, None, wiki, degraded,
                    logs[0][-3000:] if logs else "", relay, relay_cpu,
                    prepared(proxies, offsets), lag)
 
@@ -454,6 +444,7 @@ def _notes(o: Outcome, args: argparse.Namespace) -> list[str]:
           if (held := o.prepare_ms.get("all")) and (up := o.prepare_ms.get("upstream"))
           else []),
         _from_metrics(o, args),
+        *(size_notes(o.sizes) if o.sizes else []),
         *([f"- The event loop's lag (/metrics, measured run, every worker's samples): "
            f"p50 under {lag[0]}, p99 under {lag[1]}."] if (lag := o.loop_lag) else []),
         "- Added latency is the difference of the quantiles of two runs of the same load "
@@ -493,7 +484,9 @@ def _from_metrics(o: Outcome, args: argparse.Namespace) -> str:
         + "; ledger rows dropped: " + ", ".join(
             f"{m.get(f'ctxproxy_ledger_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("full", "failed"))
-        + f". Episodes stored after shutdown: {o.episodes:,}."
+        + "; connections closed by the header timeout: "
+        f"{m.get('ctxproxy_connections_closed_total[header_timeout]', 0):,.0f}"
+        + f". Episodes stored after shutdown: {o.sizes.turns if o.sizes else 0:,}."
     )
 
 
