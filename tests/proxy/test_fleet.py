@@ -288,10 +288,12 @@ async def test_three_replicas_in_turn_and_one_killed_behave_as_one(
     # stats: the fleet's sums are the single replica's. The proxy's own token counts of what
     # it forwarded hold those random ids, which the tokenizer splits differently from run to
     # run: those sums, and the direct estimate put on the upstream's scale by them, agree
-    # within a few tokens per id (and the cached estimate within its rounding to a block).
+    # within a few tokens per id (up to 60 forwarded tokens in 47k, and so 293 of 125k
+    # direct ones, seen; and the cached estimate within its rounding to a block). A request
+    # lost or counted twice shows in the exact sums below (requests, the upstream's tokens).
     fleet_totals, solo_totals = compared(await totals(fleet_url)), compared(await totals(solo_url))
     for name in ("forwarded_tokens", "direct_input"):
-        near = solo_totals[name] * 0.002
+        near = solo_totals[name] * 0.005
         assert abs(fleet_totals.pop(name) - solo_totals.pop(name)) <= near, name
     near = BLOCK_TOKENS * len(asks)
     assert abs(fleet_totals.pop("direct_cached") - solo_totals.pop("direct_cached")) <= near
