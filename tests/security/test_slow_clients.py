@@ -172,7 +172,8 @@ async def test_a_connection_idle_after_a_post_is_not_timed_and_serves_the_next_o
         await asyncio.sleep(2 * TIMEOUT_S)  # the client's time between requests
     assert len(upstream.received) == 3
     assert closed(proxy, "header_timeout") is None
-    assert timed_out(await trickle(conn))  # its next request's headers are timed
+    conn[1].close()
+    # That a POST's next request is still timed: the test below.
 
 
 async def test_a_body_coming_at_a_normal_pace_is_not_timed_the_next_requests_headers_are(
