@@ -64,6 +64,7 @@ from bench.harness.load_client import (
     drive,
 )
 from bench.harness.machine import machine
+from bench.harness.pg_cpu import backend_cpu, since
 from bench.harness.processes import (
     NAIVE_CMD,
     UPSTREAM_CMD,
@@ -79,9 +80,8 @@ from bench.harness.processes import (
 )
 from bench.harness.results import RESULTS, write_block
 from bench.harness.serving import free_port
+from bench.harness.store_size import Sizes, measure_sizes, size_notes
 from bench.recall import backend
-from ctxproxy.memory.store_pg import PostgresStore
-from ctxproxy.memory.store_sqlite import SqliteStore
 
 SECTION = "## Load"
 BEGIN, END = "<!-- load:begin (written by bench/load.py) -->", "<!-- load:end -->"
@@ -165,15 +165,6 @@ def scrape(proc: Proc) -> dict[str, float]:
     return dict(out)
 
 
-async def stored_episodes(data_dir: Path, store_url: str | None) -> int:
-    store = PostgresStore(store_url) if store_url else SqliteStore(data_dir / "memory.sqlite3")
-    await store.open()
-    try:
-        return len(await store.list(None, types=["episodic"], limit=10_000_000))
-    finally:
-        await store.close()
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -186,7 +177,7 @@ class Outcome:
     rss_end_kib: int
     proxy_cpu_s: float
     metrics: dict[str, float]
-    episodes: int
+    sizes: Sizes | None  # what the run left in the store, measured before it is dropped
     wiki: str
     degraded: list[str]  # the memory parts that failed at least once
     log_tail: str
@@ -197,6 +188,8 @@ class Outcome:
     prepare_ms: dict[str, list[float]] = field(default_factory=dict)
     # The buckets the event loop's lag's p50 and p99 fall in over the measured run.
     loop_lag: tuple[str, str] | None = None
+    # CPU seconds of PostgreSQL's backends serving the proxies over the measured run.
+    pg_cpu_s: float | None = None
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
@@ -206,7 +199,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> Outcome:
         store_url = values.get("store_url")
         settings = [*args.set, *([f"store_url={store_url}"] if store_url else [])]
         outcome = await _measure(args, workdir, data_dir, settings)
-        return replace(outcome, episodes=await stored_episodes(data_dir, store_url))
+        return replace(outcome, sizes=await measure_sizes(data_dir, store_url))
 
 
 async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
@@ -233,9 +226,10 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
         cpu_at: list[list[dict[int, float]]] = []
         log_at: list[list[int]] = []
         metrics_at: list[dict[str, float]] = []
-
+        pg_at: list[dict[int, float]] = []
         def measuring() -> None:
             cpu_at.append([tree_cpu_s(p.popen.pid) for p in proxies])
+            pg_at.append(pg_backends(args, proxies))
             log_at.append([p.log.stat().st_size for p in proxies])
             metrics_at.append(scrape_all(proxies))
             print(f"proxy: {args.sessions} sessions for {args.seconds:.0f} s ...", flush=True)
@@ -247,6 +241,7 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
                                     measuring=measuring, answers=args.answers,
                                     first_byte_ms=args.first_byte_ms)
         cpu = sum(cpu_since(p.popen.pid, at) for p, at in zip(proxies, cpu_at[0], strict=True))
+        pg_cpu = since(pg_at[0], pg_backends(args, proxies)) if args.pg_url else None
         metrics = scrape_all(proxies)
         lag = _lag(metrics, metrics_at[0] if metrics_at else {})
         pids = [pid for p in proxies for pid in tree(p.popen.pid)]
@@ -261,9 +256,15 @@ async def _measure(args: argparse.Namespace, workdir: Path, data_dir: Path,
     degraded = sorted({m.group(1) for log in logs
                        for m in re.finditer(r"memory degraded: (.*?) failed", log)})
     offsets = log_at[0] if log_at else [0] * len(proxies)
-    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, 0, wiki, degraded,
+    return Outcome(direct, warm, proxied, peak, end, cpu, metrics, None, wiki, degraded,
                    logs[0][-3000:] if logs else "", relay, relay_cpu,
-                   prepared(proxies, offsets), lag)
+                   prepared(proxies, offsets), lag, pg_cpu)
+
+
+def pg_backends(args: argparse.Namespace, proxies: Sequence[Proc]) -> dict[int, float]:
+    """CPU seconds so far of the PostgreSQL backends serving the proxies' processes."""
+    pids = [pid for p in proxies for pid in tree(p.popen.pid)]
+    return backend_cpu(args.pg_url, pids) if args.pg_url else {}
 
 
 def scrape_all(proxies: Sequence[Proc]) -> dict[str, float]:
@@ -434,7 +435,9 @@ def _notes(o: Outcome, args: argparse.Namespace) -> list[str]:
         f"{o.rss_end_kib / 1024:.0f} MiB); proxy CPU {o.proxy_cpu_s:.1f} s over the "
         f"{p.seconds:.0f} s run ({o.proxy_cpu_s / p.seconds:.0%} of one core, "
         f"{1000 * o.proxy_cpu_s / max(p.ok, 1):.1f} ms per request); the bare relay's "
-        f"{1000 * o.relay_cpu_s / max(r0.ok, 1):.1f} ms per request.",
+        f"{1000 * o.relay_cpu_s / max(r0.ok, 1):.1f} ms per request"
+        + ("." if o.pg_cpu_s is None else f"; PostgreSQL's backends serving the proxies "
+           f"{o.pg_cpu_s:.1f} s ({1000 * o.pg_cpu_s / max(p.ok, 1):.1f} ms per request)."),
         f"- The measured run by when its requests began, {WINDOW_S:g} s at a time (the first "
         "right after the warm-up): added TTFB p99 " + ", ".join(
             f"{_q(w, .99) - _q(d.ttfb, .99):.0f}" for w in windows) + " ms (the direct run's "
@@ -454,6 +457,7 @@ def _notes(o: Outcome, args: argparse.Namespace) -> list[str]:
           if (held := o.prepare_ms.get("all")) and (up := o.prepare_ms.get("upstream"))
           else []),
         _from_metrics(o, args),
+        *(size_notes(o.sizes) if o.sizes else []),
         *([f"- The event loop's lag (/metrics, measured run, every worker's samples): "
            f"p50 under {lag[0]}, p99 under {lag[1]}."] if (lag := o.loop_lag) else []),
         "- Added latency is the difference of the quantiles of two runs of the same load "
@@ -493,7 +497,9 @@ def _from_metrics(o: Outcome, args: argparse.Namespace) -> str:
         + "; ledger rows dropped: " + ", ".join(
             f"{m.get(f'ctxproxy_ledger_dropped_total[{r}]', 0):,.0f} {r}"
             for r in ("full", "failed"))
-        + f". Episodes stored after shutdown: {o.episodes:,}."
+        + "; connections closed by the header timeout: "
+        f"{m.get('ctxproxy_connections_closed_total[header_timeout]', 0):,.0f}"
+        + f". Episodes stored after shutdown: {o.sizes.turns if o.sizes else 0:,}."
     )
 
 

@@ -83,7 +83,9 @@ class _Handler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._headers_due is None and (self._body is None or self._body.is_eof()):
+        # aiohttp calls this with b"" itself whenever a handler reads some of a body (to let
+        # its parser go on): not a byte of the client's, so no header time begins there.
+        if data and self._headers_due is None and (self._body is None or self._body.is_eof()):
             self._await_headers()  # the first byte of the next request
         count = self._request_count
         super().data_received(data)

@@ -155,11 +155,11 @@ def compared(t: Totals) -> dict[str, Any]:
     return {k: v for k, v in asdict(t).items() if k not in ("first_at", "last_at")}
 
 
-async def episodes(url: str) -> list[tuple[str | None, int | None]]:
+async def episodes(url: str, session: str = SESSION) -> list[tuple[str | None, int | None]]:
     store = PostgresStore(url)
     await store.open()
     try:
-        found = await store.list(None, types=["episodic"], limit=1000)
+        found = await store.list(None, types=["episodic"], session_id=session, limit=1000)
     finally:
         await store.close()
     return sorted((m.session_id, m.turn_index) for m in found)
@@ -174,6 +174,49 @@ def hang(arrived: asyncio.Event) -> Callable[[web.Request, Received], Awaitable[
         raise AssertionError("unreachable")
 
     return handler
+
+
+def held(arrived: asyncio.Event, released: asyncio.Event,
+         upstream: FakeUpstream) -> Callable[[web.Request, Received], Awaitable[Any]]:
+    """An upstream that takes the request and answers it once ``released``."""
+
+    async def handler(request: web.Request, rec: Received) -> web.StreamResponse:
+        arrived.set()
+        await released.wait()
+        return await upstream.stream(request, rec)
+
+    return handler
+
+
+def bystander(n: int) -> Ask:
+    """A request of another user's session (a scope of its own: it changes nothing the
+    session under test recalls)."""
+    session = f"sess-bystander-{n}"
+    prompt = codex.text("user", f"bystander {n}: list the open pull requests")
+    return Ask(json.dumps(codex.request([*codex.context_items(), prompt], session)).encode(),
+               codex.headers(session, "turn-1", **{"x-agent-id": "bystander"}))
+
+
+async def kill_in_flight(target: Server, others: list[Server], ask: Ask,
+                         upstream: FakeUpstream) -> list[asyncio.Task[bytes]]:
+    """Kill ``target`` with ``ask`` in flight on it, and a request of another session in
+    flight on each of ``others``; those go on, answered after the kill: their tasks."""
+    arrived = [asyncio.Event() for _ in others]
+    released = asyncio.Event()
+    for event in arrived:
+        upstream.then(held(event, released, upstream))
+    on_others = [asyncio.create_task(send(other.url, bystander(n)))
+                 for n, other in enumerate(others)]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in arrived)), GUARD_S)
+    hung = asyncio.Event()
+    upstream.then(hang(hung))
+    in_flight = asyncio.create_task(send(target.url, ask))
+    await asyncio.wait_for(hung.wait(), GUARD_S)
+    os.killpg(target.proc.pid, signal.SIGKILL)
+    with pytest.raises(aiohttp.ClientError):
+        await asyncio.wait_for(in_flight, GUARD_S)
+    released.set()
+    return on_others
 
 
 RANDOM_ID = re.compile(rb"mem_[0-9a-z]{26}|/ctxproxy/outputs/[0-9a-z]+|127\.0\.0\.1:\d+")
@@ -212,14 +255,14 @@ async def test_three_replicas_in_turn_and_one_killed_behave_as_one(
         target = live[n % len(live)]
         if n == KILLED:
             await until_rows(fleet_url, n)  # the replica's earlier rows are written
-            arrived = asyncio.Event()
-            upstream.then(hang(arrived))
-            in_flight = asyncio.create_task(send(target.url, ask))
-            await asyncio.wait_for(arrived.wait(), GUARD_S)
-            os.killpg(target.proc.pid, signal.SIGKILL)
-            with pytest.raises(aiohttp.ClientError):
-                await asyncio.wait_for(in_flight, GUARD_S)
             live.remove(target)
+            # No request is lost but the one in flight on the killed replica: those in
+            # flight on the others at that moment are answered whole.
+            for answer in await asyncio.gather(*await kill_in_flight(target, live, ask,
+                                                                     upstream)):
+                assert b"response.completed" in answer
+            upstream.received[:] = [r for r in upstream.received
+                                    if b"sess-bystander" not in r.body]
             target = live[n % len(live)]
         await send(target.url, ask, upstream)
         answered_by.append(target.port)
@@ -231,6 +274,9 @@ async def test_three_replicas_in_turn_and_one_killed_behave_as_one(
     # Every turn stored once, whichever replica answered it.
     assert await episodes(fleet_url) == [(SESSION, t) for t in range(TURNS)]
     assert await episodes(solo_url) == await episodes(fleet_url)
+    for n in range(2):  # and the turns the survivors answered while the other was killed
+        session = f"sess-bystander-{n}"
+        assert await episodes(fleet_url, session) == [(session, 0)]
 
     # The fleet forwarded what the single replica did, byte for byte but for the ids that
     # are random per store (memories', masked outputs'): the replica that took the killed
@@ -242,10 +288,12 @@ async def test_three_replicas_in_turn_and_one_killed_behave_as_one(
     # stats: the fleet's sums are the single replica's. The proxy's own token counts of what
     # it forwarded hold those random ids, which the tokenizer splits differently from run to
     # run: those sums, and the direct estimate put on the upstream's scale by them, agree
-    # within a few tokens per id (and the cached estimate within its rounding to a block).
+    # within a few tokens per id (up to 60 forwarded tokens in 47k, and so 293 of 125k
+    # direct ones, seen; and the cached estimate within its rounding to a block). A request
+    # lost or counted twice shows in the exact sums below (requests, the upstream's tokens).
     fleet_totals, solo_totals = compared(await totals(fleet_url)), compared(await totals(solo_url))
     for name in ("forwarded_tokens", "direct_input"):
-        near = solo_totals[name] * 0.002
+        near = solo_totals[name] * 0.005
         assert abs(fleet_totals.pop(name) - solo_totals.pop(name)) <= near, name
     near = BLOCK_TOKENS * len(asks)
     assert abs(fleet_totals.pop("direct_cached") - solo_totals.pop("direct_cached")) <= near
