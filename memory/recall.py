@@ -28,8 +28,8 @@ OWNED_TOP dialogues holds its words best only in lines about another's things, t
 are left out (the question names the wrong speaker, or something nobody said), and with them
 the lone lines of their speakers. What the named speaker asks ("how did the kids take it?")
 is not theirs to have said. A dialogue kept whose speaker the question names needs no more
-of its words to be recalled from another session (``elsewhere_min_score``): the name is the
-match a chance overlap is not.
+of its words to be recalled lexically from another session (``elsewhere_min_score``): the
+name is the match a chance overlap is not.
 
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
@@ -488,6 +488,11 @@ class Recaller:
                 for ranking in rankings])]
 
         kept, vouched = _spoken(candidates, query)
+        if rankings:
+            # Fused, the bar is what keeps a named dialogue that shares few of the question's
+            # words from displacing one found by meaning (bench/RESULTS.md, LoCoMo, fourth
+            # pass: it lost evidence there).
+            vouched = frozenset()
 
         def shown_as(c: Candidate) -> Candidate | None:
             return self._shown_as(c, seen, session=session, exclude=exclude, shown=shown,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ctxproxy.memory.model import Memory, Scope, Store
-from ctxproxy.memory.recall import Recaller, Weights
+from ctxproxy.memory.model import Hit, Memory, Scope, Store
+from ctxproxy.memory.recall import Candidate, Recaller, Weights
 from ctxproxy.memory.snippets import said_match
 from ctxproxy.memory.speakers import speakers_of
 from tests.memory.test_recall import cost, overhead
@@ -177,3 +177,21 @@ async def test_a_dialogue_naming_the_asked_speaker_passes_another_sessions_bar(
     unnamed = "What colour was the vase the pottery teacher glazed in spring?"
     assert await recalled(store, unnamed, elsewhere=0.5) == []
     assert [m.key for m in await recalled(store, unnamed)] == ["d"]
+
+
+def test_fused_rankings_keep_another_sessions_bar_for_a_named_dialogue() -> None:
+    # Hybrid recall: the bar keeps a named dialogue with few of the question's words from
+    # displacing what meaning found; the name lets it through lexical recall only.
+    dialogue = Memory(type="episodic", scope=SCOPE, key="d", text=DIALOGUE, session_id="old",
+                      created_at=NOW, updated_at=NOW)
+    recaller = Recaller(None, weights=Weights(), k=5, budget=1200,  # type: ignore[arg-type]
+                        cost=cost, overhead=overhead, elsewhere_min_score=0.5)
+    question = "What colour was the vase Ada's pottery teacher glazed in spring?"
+
+    def pick(candidates: list[Candidate], rankings: list[list[Hit]]) -> list[str]:
+        return [m.key for m in recaller._pick(
+            candidates, question, session="s", exclude=(), shown={}, min_score=0.25,
+            budget=1200, now=NOW, rankings=rankings)]
+
+    assert pick([Candidate(dialogue, 1.0)], []) == ["d"]
+    assert pick([], [[Hit(dialogue, 0.5)], [Hit(dialogue, 0.9, 0.1, (0, 40))]]) == []
