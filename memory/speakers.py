@@ -115,8 +115,8 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 
 def stated(line: str) -> str:
     """``line`` without its questions (sentences that end with '?'): what its speaker asks
-    is no fact of theirs. "How did they handle the accident?" asked by Ada says nothing of
-    Ada's accident; a question that names Ada and holds those words asks about another's."""
+    is no fact of theirs. "Were the kids upset by the crash?" asked by Ada says nothing of
+    Ada's crash; a question that names Ada and holds those words asks about another's."""
     if "?" not in line:
         return line
     return " ".join(s for s in _SENTENCE_BREAK.split(line) if not s.rstrip().endswith("?"))

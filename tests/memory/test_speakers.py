@@ -123,18 +123,18 @@ async def test_a_question_whose_words_are_best_held_by_anothers_story_gets_no_re
     assert "pike at dawn" in got.text
 
 
-# Ada asks about the accident Ben tells of (no "I" or "you" to say whose it was).
+# Ada asks about the crash Ben tells of (no "I" or "you" to say whose it was).
 ASKED = (
-    "User: [2 May, 2024] Ben: The bike accident on the trip was scary, everyone is fine now.\n"
-    "  [2 May, 2024] Ada: Oh no! How did the kids handle the accident?\n"
+    "User: [2 May, 2024] Ben: The bike crash on the trip was scary, everyone is fine now.\n"
+    "  [2 May, 2024] Ada: Oh no! Were the kids upset by the crash?\n"
     "  [2 May, 2024] Ben: They were scared but calm.\n"
     "Assistant: Noted."
 )
 
 
 def test_what_the_named_speaker_asks_is_not_what_they_said() -> None:
-    ada = said_match(ASKED, "How did Ada's kids handle the accident?")
-    ben = said_match(ASKED, "How did Ben's kids handle the accident?")
+    ada = said_match(ASKED, "Were Ada's kids upset by the crash?")
+    ben = said_match(ASKED, "Were Ben's kids upset by the crash?")
     assert ada is not None and ben is not None
     assert (ada.said, ada.other) == (0.0, 1 / 3)  # her words are all in her question
     assert (ben.said, ben.other) == (1 / 3, 1.0)  # Ada's question is still another's line
@@ -145,9 +145,9 @@ async def test_a_question_whose_words_only_the_named_speaker_asked_gets_no_recal
 ) -> None:
     await store.upsert([Memory(type="episodic", scope=SCOPE, key="a", text=ASKED,
                                session_id="old", created_at=NOW, updated_at=NOW)])
-    assert await recalled(store, "How did Ada's kids handle the accident?") == []
-    (got,) = await recalled(store, "How did Ben's kids handle the accident?")
-    assert "bike accident" in got.text
+    assert await recalled(store, "Were Ada's kids upset by the crash?") == []
+    (got,) = await recalled(store, "Were Ben's kids upset by the crash?")
+    assert "bike crash" in got.text
 
 
 async def test_a_lone_line_of_the_conversation_goes_with_its_dialogues(store: Store) -> None:
