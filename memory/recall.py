@@ -25,7 +25,11 @@ speaker said: when no line of theirs holds SAID_MIN_SCORE of the question's othe
 the lines that speak of another's things (another's "I", the named one's "you") hold
 OWN_MARGIN more of them than those that speak of the named one's, or the best of the first
 OWNED_TOP dialogues holds its words best only in lines about another's things, the dialogues
-are left out (the question names the wrong speaker, or something nobody said).
+are left out (the question names the wrong speaker, or something nobody said), and with them
+the lone lines of their speakers. What the named speaker asks ("how did the kids take it?")
+is not theirs to have said. A dialogue kept whose speaker the question names needs no more
+of its words to be recalled lexically from another session (``elsewhere_min_score``): the
+name is the match a chance overlap is not.
 
 A memory that an earlier turn's recall message, still in the window, shows already comes back
 only with a line not in view that holds more of the question's words than every line in view
@@ -54,6 +58,7 @@ from ctxproxy.memory.snippets import (
     questions,
     said_match,
     snippet,
+    voices,
     whole_match,
 )
 from ctxproxy.memory.speakers import Said
@@ -123,22 +128,28 @@ def _outside(memory: Memory, window: Collection[str]) -> bool:
     return memory.attrs.get("prompt") not in window
 
 
-def _spoken(candidates: Sequence[Candidate], query: str) -> Sequence[Candidate]:
+def _spoken(candidates: Sequence[Candidate], query: str
+            ) -> tuple[Sequence[Candidate], frozenset[str]]:
     """``candidates`` less the dialogues (memory.speakers) when the question names their
     speakers and asks what they said that none of them did (it names the wrong one): no line
     those speakers said holds SAID_MIN_SCORE of its other words, or the lines that speak of
     another's things (another's "I", the named one's "you") hold OWN_MARGIN more of them than
     any line that speaks of the named one's. The lines that hold its words would then mislead
-    more than inform."""
+    more than inform. And the ids of the dialogues kept whose speaker the question names:
+    the name vouches for them as another session's turn's words cannot (``_shown_as``)."""
     said = [(c, said_match(c.memory.text, query)) for c in candidates]
     held = [m for _, m in said if m is not None]
     if not held:
-        return candidates
+        return candidates, frozenset()
     if (max(m.said for m in held) >= SAID_MIN_SCORE
             and max(m.own for m in held) >= max(m.others_own for m in held) - OWN_MARGIN
             and not _others_story(said)):
-        return candidates
-    return [c for c, m in said if m is None or c.relevance >= MENTIONED]
+        return candidates, frozenset(c.memory.memory_id for c, m in said if m is not None)
+    # A lone line of the same conversation ("User: [date] Ada: ..." of one speaker: no
+    # dialogue) goes with them: it is what is left of the conversation to mislead.
+    speakers = frozenset().union(*(voices(c.memory.text)[0] for c, m in said if m is not None))
+    return [c for c, m in said if c.relevance >= MENTIONED
+            or (m is None and not voices(c.memory.text)[1] & speakers)], frozenset()
 
 
 def _others_story(said: Sequence[tuple[Candidate, Said | None]]) -> bool:
@@ -476,18 +487,29 @@ class Recaller:
                      else seen.match(h.memory) >= min_score)]
                 for ranking in rankings])]
 
+        kept, vouched = _spoken(candidates, query)
+        if rankings:
+            # Fused, the bar is what keeps a named dialogue that shares few of the question's
+            # words from displacing one found by meaning (bench/RESULTS.md, LoCoMo, fourth
+            # pass: it lost evidence there).
+            vouched = frozenset()
+
         def shown_as(c: Candidate) -> Candidate | None:
             return self._shown_as(c, seen, session=session, exclude=exclude, shown=shown,
-                                  min_score=min_score)
+                                  min_score=min_score, vouched=vouched)
 
         return select(
-            _spoken(candidates, query), weights=self.weights, now=now, k=self.k,
+            kept, weights=self.weights, now=now, k=self.k,
             budget=budget, cost=self._cost, overhead=self._overhead, view=shown_as,
         )
 
     def _shown_as(self, c: Candidate, seen: _Seen, *, session: str, exclude: Collection[str],
-                  shown: Mapping[str, Collection[str]], min_score: float) -> Candidate | None:
-        """The candidate as it would be shown, or None where it must stay out."""
+                  shown: Mapping[str, Collection[str]], min_score: float,
+                  vouched: Collection[str] = frozenset()) -> Candidate | None:
+        """The candidate as it would be shown, or None where it must stay out. ``vouched``:
+        dialogues whose speaker the question names (``_spoken``), which another session's
+        turn's bar (``elsewhere_min_score``) does not hold back: the name is a match no chance
+        overlap of a new task's words makes."""
         memory, query = c.memory, seen.query
         if memory.memory_id in exclude:
             return None
@@ -498,6 +520,7 @@ class Recaller:
         if c.relevance < MENTIONED and match < min_score and not near:
             return None
         if (c.relevance < MENTIONED and memory.session_id and memory.session_id != session
+                and memory.memory_id not in vouched
                 and whole_match(memory.text, query) < self.elsewhere_min_score):
             return None
         if near and match < min_score and c.span is not None:

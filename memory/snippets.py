@@ -24,17 +24,19 @@ from ctxproxy.memory.speakers import (
     FIRST,
     SECOND,
     Said,
+    labelled,
     named,
     of_others,
     persons_of,
     speakers_of,
+    stated,
 )
 from ctxproxy.memory.turns import ASSISTANT, CALL, INDENT, OUTPUT, UNNAMED, USER
 from ctxproxy.memory.words import WORD, terms
 
 __all__ = [
     "GAP", "SNIPPET_TOKENS", "Snippet", "best_match", "line_matches", "lines_of", "said_match",
-    "snippet", "stamps_once",
+    "snippet", "stamps_once", "voices",
 ]
 
 # What one recalled memory may take at most: fewer, longer snippets found more evidence for
@@ -176,9 +178,7 @@ class _Text:
         self.low_lines = tuple(self.low.split("\n"))  # lower() never adds or removes a break
         self.starts = tuple(accumulate((len(line) + 1 for line in self.low_lines), initial=0))
         self.labels = tuple(_label_chars(line) for line in self.low_lines)
-        self.speakers = speakers_of(self.lines, [
-            len(INDENT) if line.startswith(INDENT) else label
-            for line, label in zip(self.lines, self.labels, strict=True)])
+        self.speakers = speakers_of(self.lines, _own_starts(self.lines, self.labels))
         self.persons: tuple[int, ...] | None = None  # memory.speakers.persons_of, on demand
         self._words: dict[str, tuple[int, ...]] = {}
         # About the bytes held: the text, its lines and their lower case (the key and this),
@@ -224,6 +224,12 @@ class _Text:
                     continue
             at = low.find(word, at + 1)
         return tuple(out)
+
+
+def _own_starts(lines: Sequence[str], labels: Sequence[int]) -> list[int]:
+    """Where each line's own text starts: after its entry's label or its indent."""
+    return [len(INDENT) if line.startswith(INDENT) else label
+            for line, label in zip(lines, labels, strict=True)]
 
 
 def _text_size(parsed: _Text) -> int:
@@ -428,7 +434,8 @@ def whole_match(text: str, query: str) -> float:
 def said_match(text: str, query: str) -> Said | None:
     """When ``query`` names speakers of a dialogue in ``text`` (memory.speakers): the best
     share of its other words one line holds, by who said it and of whose things it speaks
-    (``Said``); None otherwise. A line counts alone here, not with the line before it."""
+    (``Said``); None otherwise. A line counts alone here, not with the line before it, and a
+    line of the named speaker without its questions (memory.speakers.stated)."""
     parsed = _parse(text)
     asked = _asked(query)
     names = named(parsed.speakers, asked.parts[0], query)
@@ -439,10 +446,13 @@ def said_match(text: str, query: str) -> Said | None:
         parsed.persons = persons_of(parsed.low_lines, parsed.speakers)  # a race: the same
     said = [0.0] * 4
     best, others = 0.0, False
-    for words, speaker, person in zip(_words_by_line(parsed, wanted, asked.lines),
-                                      parsed.speakers, parsed.persons, strict=True):
-        share = len(words) / len(wanted)
+    for n, (words, speaker, person) in enumerate(zip(
+            _words_by_line(parsed, wanted, asked.lines), parsed.speakers, parsed.persons,
+            strict=True)):
         theirs = bool(speaker and speaker & names)
+        if theirs and words:  # what the named one asks is not what they said
+            words = words & frozenset(WORD.findall(stated(parsed.low_lines[n])))
+        share = len(words) / len(wanted)
         said[0 if theirs else 1] = max(said[0 if theirs else 1], share)
         if person & (FIRST if theirs else SECOND):
             said[2] = max(said[2], share)
@@ -454,6 +464,16 @@ def said_match(text: str, query: str) -> Said | None:
             others = (not mine) if share > best else others and not mine
             best = share
     return Said(said[0], said[1], said[2], said[3], best, others)
+
+
+def voices(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The words of the speakers of ``text``'s dialogues (memory.speakers.speakers_of), and
+    of those any of its lines' labels name, in a dialogue or not (a lone "[date] Ada: ..."
+    line of a conversation)."""
+    parsed = _parse(text)
+    heard = labelled(parsed.lines, _own_starts(parsed.lines, parsed.labels))
+    return (frozenset().union(*(s for s in parsed.speakers if s)),
+            frozenset().union(*(s for s in heard if s)))
 
 
 def best_match(text: str, query: str) -> float:

@@ -20,7 +20,8 @@ from typing import NamedTuple
 from ctxproxy.memory.turns import INDENT
 from ctxproxy.memory.words import WORD
 
-__all__ = ["FIRST", "SECOND", "Said", "named", "of_others", "persons_of", "speakers_of"]
+__all__ = ["FIRST", "SECOND", "Said", "labelled", "named", "of_others", "persons_of", "speakers_of",
+           "stated"]
 
 # An optional bracketed stamp, then one to three capitalised words and ': '. Bounded
 # repetitions, anchored where the line's own text starts: linear.
@@ -34,10 +35,7 @@ def speakers_of(lines: Sequence[str], starts: Sequence[int]) -> tuple[frozenset[
     indented and its indented lines, memory.turns.render) that is a dialogue: lines said by
     two speakers at least. "User: Remember: ..." then "Assistant: Done: ..." are no
     dialogue, nor is a lone "Note: " line of a tool's output."""
-    found: list[frozenset[str] | None] = []
-    for line, start in zip(lines, starts, strict=True):
-        match = _SPEAKER.match(line, start)
-        found.append(frozenset(WORD.findall(match.group(1).lower())) if match else None)
+    found = labelled(lines, starts)
     out: list[frozenset[str] | None] = [None] * len(lines)
     head = 0
     for n in range(len(lines) + 1):
@@ -45,6 +43,17 @@ def speakers_of(lines: Sequence[str], starts: Sequence[int]) -> tuple[frozenset[
             if len({s for s in found[head:n] if s}) >= 2:
                 out[head:n] = found[head:n]
             head = n
+    return tuple(out)
+
+
+def labelled(lines: Sequence[str], starts: Sequence[int]
+             ) -> tuple[frozenset[str] | None, ...]:
+    """For each line, the words of the speaker its label names ("[date] Ada: ..."), or None,
+    whether or not its entry is a dialogue (``speakers_of``)."""
+    out: list[frozenset[str] | None] = []
+    for line, start in zip(lines, starts, strict=True):
+        match = _SPEAKER.match(line, start)
+        out.append(frozenset(WORD.findall(match.group(1).lower())) if match else None)
     return tuple(out)
 
 
@@ -97,3 +106,17 @@ def of_others(theirs: bool, person: int) -> bool:
     (``persons_of``), speaks of another's things only: the named one's "you" without an
     "I", another's "I" without a "you". A line with both, or neither, is nobody's."""
     return person == (SECOND if theirs else FIRST)
+
+
+# Where a sentence ends: after '.', '!' or '?' and before white space. A lookbehind of one
+# character: linear.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+
+
+def stated(line: str) -> str:
+    """``line`` without its questions (sentences that end with '?'): what its speaker asks
+    is no fact of theirs. "Were the kids upset by the crash?" asked by Ada says nothing of
+    Ada's crash; a question that names Ada and holds those words asks about another's."""
+    if "?" not in line:
+        return line
+    return " ".join(s for s in _SENTENCE_BREAK.split(line) if not s.rstrip().endswith("?"))
