@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,7 +37,7 @@ from ctxproxy.memory.place import (
 from ctxproxy.memory.queue import WriteQueue
 from ctxproxy.memory.recall import Candidate, Found, Recaller, Standing, standing_of
 from ctxproxy.memory.snippets import lines_of
-from ctxproxy.memory.working import Working
+from ctxproxy.memory.working import Working, in_view
 from ctxproxy.request import Exchange, digest
 
 __all__ = ["STANDING_CACHED", "TURNS_CACHED", "Preparing", "TurnPreparer", "drop", "texts"]
@@ -151,6 +151,7 @@ class _Split:
     window: set[str]  # the prompt keys of the turns the window forwards
     whole: set[str]  # ... of those it forwards whole (no masked outputs)
     kept: list[Shown | None]  # the earlier forwarded turns' recall messages
+    prompts: tuple[str, ...]  # the prompts of the turns the window forwards
     deriving: asyncio.Future[list[Memory]] | None  # working memory, derived meanwhile
 
 
@@ -286,7 +287,7 @@ class TurnPreparer:
         try:
             standing, used, recalled, mode = await self._recall(
                 scope, begun.own, (begun.found, begun.reading, begun.pinned),
-                (split.window, split.whole, split.kept), begun.now)
+                split, begun.now)
         except StoreError as exc:
             self._health.failed("recall", exc)
             return Prepared(degraded=True, keep=await self._kept(
@@ -324,6 +325,7 @@ class TurnPreparer:
             window={t.prompt_key for t in turns if t.in_window},
             whole={t.prompt_key for t in turns if t.in_window and t.index not in masked},
             kept=[self._placer.shown(key) for _, key in begun.forwarded[:-1]],
+            prompts=tuple(t.user for t in turns if t.in_window),
             deriving=deriving,
         )
 
@@ -374,12 +376,12 @@ class TurnPreparer:
         self, scope: Scope, own: str,
         reads: tuple[asyncio.Future[Found] | None, asyncio.Future[Standing] | None,
                      Pinned | None],
-        seen_in: tuple[set[str], set[str], list[Shown | None]], now: float,
+        split: _Split, now: float,
     ) -> tuple[list[Memory], int, list[Memory], str | None]:
         """The standing selection, the tokens it takes, what recall picked and how it
-        searched. Raises StoreError."""
+        searched (``split``: what the window forwards). Raises StoreError."""
         found, reading, pinned = reads
-        window, whole, kept = seen_in
+        whole, kept = split.whole, split.kept
         mode: str | None = None
         recalled: list[Memory] = []
         try:
@@ -387,7 +389,7 @@ class TurnPreparer:
                 standing, used = list(pinned.chosen), pinned.used
             else:
                 assert reading is not None  # read in _begin whenever nothing is pinned
-                standing, used = await self._standing_for(scope, own, reading, window, now)
+                standing, used = await self._standing_for(scope, own, reading, split, now)
             if found is not None:
                 seen: dict[str, set[str]] = {}
                 for shown in kept:
@@ -395,8 +397,10 @@ class TurnPreparer:
                         seen.setdefault(memory_id, set()).update(lines)
                 gathered = await found
                 mode = gathered.mode
+                hits = [h.memory for part in (*gathered.searched, *gathered.near) for h in part]
+                said = await self._in_view([*hits, *gathered.recent], split)
                 recalled = await self._recaller.pick(
-                    gathered, window=whole, exclude={m.memory_id for m in standing},
+                    gathered, window=whole, exclude={m.memory_id for m in standing} | said,
                     shown=seen, budget=self._recaller.budget - used,
                     min_score=self._settings.recall_min_score,
                 )
@@ -439,13 +443,15 @@ class TurnPreparer:
 
     async def _standing_for(
         self, scope: Scope, session: str, reading: asyncio.Future[Standing],
-        window: set[str], now: float,
+        split: _Split, now: float,
     ) -> tuple[list[Memory], int]:
         """The standing selection and the tokens it takes, chosen again only when its
         candidates change (a window cut or a new memory), not when the clock moves their
-        scores."""
+        scores. Working memory the forwarded turns say is in view, not standing."""
         read = await reading
-        candidates = standing_of(read, window)
+        candidates = standing_of(read, split.window)
+        said = await self._in_view([c.memory for c in candidates], split)
+        candidates = [c for c in candidates if c.memory.memory_id not in said]
         signature = tuple(sorted((c.memory.memory_id, c.memory.text) for c in candidates))
         where = (scope, session)
         cached = self._standing.get(where)
@@ -455,6 +461,22 @@ class TurnPreparer:
                              self._choose_standing, candidates, now)
         self._standing[where] = (signature, chosen)
         return chosen
+
+    async def _in_view(self, memories: Sequence[Memory], split: _Split) -> set[str]:
+        """The ids of the working memories among ``memories`` that a turn the window
+        forwards says: its record now (the history derived again: a constraint restated, the
+        task of a prompt in view), or its text word for word (``working.in_view``; a long
+        prompt's sentences past those derive reads)."""
+        working = [m for m in memories if m.type == "working"]
+        if not working:
+            return set()
+        derived = await split.deriving if split.deriving is not None else []
+        restated = {m.key for m in derived if m.attrs.get("prompt") in split.window}
+        prompts = split.prompts
+        # Reads every forwarded prompt: a long one in a worker, not on the loop.
+        said = await sized(self._offload, sum(map(len, prompts)) + sum(
+            len(m.text) for m in working), in_view, working, prompts)
+        return said | {m.memory_id for m in working if m.key in restated}
 
     def _choose_standing(
         self, candidates: list[Candidate], now: float

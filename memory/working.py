@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ctxproxy.injectors.bounds import clip
 from ctxproxy.injectors.redact import redact, redact_all
 from ctxproxy.memory.cpu import Offload, sized
 from ctxproxy.memory.model import Memory, Scope, Store
@@ -24,7 +25,7 @@ from ctxproxy.memory.statements import constraints
 from ctxproxy.memory.turns import Turn
 from ctxproxy.plumbing.lru import SizedLRU
 
-__all__ = ["Working", "derive"]
+__all__ = ["Working", "derive", "in_view"]
 
 TASK_CHARS = 1000
 MAX_CONSTRAINTS = 40
@@ -53,7 +54,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _task(prompt: str) -> str:
-    """The task record's text of a session that opened with ``prompt``."""
+    """The task record's text of a session whose newest prompt is ``prompt``."""
     return _memo("task", prompt, lambda: [_clip(redact(prompt), TASK_CHARS)])[0][0]
 
 
@@ -77,12 +78,33 @@ def _memo(kind: str, prompt: str, make: Callable[[], list[str]]) -> tuple[tuple[
     return said.texts
 
 
+def in_view(records: Sequence[Memory], prompts: Sequence[str]) -> set[str]:
+    """The ids of the working-memory ``records`` whose text one of ``prompts`` (the turns
+    the window forwards) says word for word: the model sees it there, and a block that says
+    it again costs its tokens on every request (an agent's instructions, restated in each
+    task's prompt). Each prompt is read as derive reads it, its head and tail."""
+    said = [" ".join(clip(p).split()).lower() for p in prompts]
+    out = set()
+    for m in records:
+        text = m.text.removesuffix("…").lower()
+        if text and any(text in prompt for prompt in said):
+            out.add(m.memory_id)
+    return out
+
+
 def derive(
     scope: Scope, session: str, turns: Sequence[Turn], *, now: float, ttl_s: float,
     compacted: bool = False,
 ) -> list[Memory]:
-    """The session's working memory as records: the task (its first prompt, unless a
-    compaction rewrote the history) and each constraint the user stated."""
+    """The session's working memory as records: the task (its newest prompt, unless a
+    compaction rewrote the history) and each constraint the user stated.
+
+    The task is the one the session is on now, not the one it opened with: on a day of
+    tasks in one session the opening prompt is a finished task, and a block that showed it
+    on every request of the later ones paid for it each time (bench/RESULTS.md, issue 44,
+    third round). The newest prompt is in the forwarded window, so the record stands only
+    where the window does not show it (a session the store holds and this history
+    does not)."""
 
     def record(key: str, text: str, turn: Turn, kind: str) -> Memory:
         return Memory(
@@ -93,9 +115,9 @@ def derive(
         )
 
     out: list[Memory] = []
-    if turns and not compacted and turns[0].user.strip():
-        first = turns[0]
-        out.append(record(f"task:{session}", _task(first.user), first, "task"))
+    if turns and not compacted and turns[-1].user.strip():
+        newest = turns[-1]
+        out.append(record(f"task:{session}", _task(newest.user), newest, "task"))
     found: dict[str, Memory] = {}
     for turn in turns:
         for text, digest in _constraints(turn.user):

@@ -42,12 +42,14 @@ def shapes_or_skip() -> Shapes:
     return load_shapes(require_shared(FIXTURES / SHAPE))
 
 
-def codex_requests(turns: int) -> list[list[Item]]:
-    """What Codex sends over ``turns`` tool turns: two requests per turn, append-only."""
+def codex_requests(turns: int, said: str = "") -> list[list[Item]]:
+    """What Codex sends over ``turns`` tool turns: two requests per turn, append-only;
+    ``said``: what the first prompt says besides its step."""
     history = codex.context_items()
     requests = []
     for n in range(1, turns + 1):
-        turn = codex.tool_turn(f"turn {n}: please do step {n}", output=BIG_OUTPUT, n_calls=2)
+        prompt = f"turn {n}: please do step {n}" + (f". {said}" if n == 1 and said else "")
+        turn = codex.tool_turn(prompt, output=BIG_OUTPUT, n_calls=2)
         requests.append([*history, turn[0]])  # the prompt
         requests.append([*history, *turn[:6]])  # the tool outputs are back
         history += turn
@@ -175,7 +177,7 @@ async def test_slow_blocks_change_only_when_the_window_cuts(
     proxy = await start_proxy(team_id="team-1", keep_turns=3, trim_slack=2,
                               mask_tool_outputs=True, memory_enabled=True,
                               distill_interval_s=3600)
-    await forward_all(proxy.url, codex_requests(10))
+    await forward_all(proxy.url, codex_requests(10, said="Never commit to main."))
 
     sent = [(r.json.get("instructions"), r.json["input"]) for r in upstream.received]
     assert sent[0][0].startswith("<knowledge_tools>")

@@ -251,7 +251,9 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
     proxy = await start_proxy(keep_turns=1, trim_slack=0, memory_placement=placement)
     t = Thread(proxy.url, upstream, "hostile", {"x-team-id": "team-1"})
     async with aiohttp.ClientSession() as http:
-        await t.say(http, "Set up the zebracorn service. " + " ".join(HOSTILE))
+        # Constraints, so that working memory holds the hostile text once the turn is cut.
+        await t.say(http, "Set up the zebracorn service. " + " ".join(
+            f"Never print {h} in the logs." for h in HOSTILE))
         await t.say(http, "turn 2: run the zebracorn tests", tool_output="\n".join(HOSTILE))
         await t.say(http, "turn 3: please do step 3")
         client_items = [*t.items, codex.text("user", "What broke in zebracorn?")]

@@ -321,10 +321,12 @@ async def test_store_failure_forwards_the_request_whole_without_memory(
     assert registry.get_sample_value("ctxproxy_memory_forwarded_whole_total") == 1
 
     await runtime(proxy).store.open()
-    sent = await s.say("turn 6: add a health check")  # the store is back: cut again
+    # The store is back: cut again, and the cut fact is recalled.
+    sent = await s.say("turn 6: add a health check on the database port")
     assert [t for t in user_texts(sent) if t.startswith("turn")] == [
-        "turn 5: which database port do we use?", "turn 6: add a health check"]
-    assert "_memory" in memory_text(sent)
+        "turn 5: which database port do we use?",
+        "turn 6: add a health check on the database port"]
+    assert "PostgreSQL 15 on port 5433" in memory_text(sent)
 
 
 async def test_unreadable_store_file_still_serves_requests(
@@ -436,7 +438,8 @@ async def test_a_real_codex_session_is_remembered_and_recalled(
     assert newest == "turn 7: please continue (mode text)"
     assert "<episodic_memory" in text
     working = standing_memory(sent)
-    assert "turn 1: run echo hi" in working  # the task, cut from the window
+    # The task the session opened with is a finished one: no block repeats it.
+    assert "turn 1: run echo hi" not in working
 
 
 async def test_a_store_that_hangs_costs_a_request_at_most_the_memory_budget(
@@ -476,7 +479,7 @@ async def test_a_late_turn_keeps_the_last_requests_blocks_while_the_window_holds
     # The fixed rule in steps of three turns: turns 5 to 7 forward from turn 4 on.
     proxy = await start_proxy(keep_turns=2, trim_slack=2, memory_timeout_ms=200)
     s = Session(proxy, upstream)
-    await s.say(f"turn 1: set up the migrations folder. {DB_FACT}")
+    await s.say(f"turn 1: set up the migrations folder. Never commit to main. {DB_FACT}")
     for n in range(2, 5):
         await s.say(f"turn {n}: step {n}")
     before = await s.say("turn 5: step 5")
@@ -493,7 +496,7 @@ async def test_a_late_turn_keeps_the_last_requests_blocks_while_the_window_holds
 
     # The window has not cut since: the blocks the last request showed go in again, the
     # same bytes (its whole input is this one's prefix), and the cut stays.
-    assert "set up the migrations folder" in standing_memory(before)
+    assert "Never commit to main." in standing_memory(before)
     assert sent["input"][: len(before["input"])] == before["input"]
     assert [t for t in user_texts(sent) if t.startswith("turn")] == [
         "turn 4: step 4", "turn 5: step 5", "turn 6: which database port do we use?"]
@@ -738,3 +741,28 @@ async def test_writes_over_the_queues_bytes_are_refused_then_derived_again(
     # would derive it.)
     episodes = await store.list(None, types=["episodic"], limit=100)
     assert {0, 1, 2, 3, 4} <= {m.turn_index or 0 for m in episodes}
+
+
+async def test_working_memory_the_forwarded_prompts_say_again_stays_out_of_the_blocks(
+    upstream: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    # An agent's instructions come again with each task's prompt: after a cut, a block that
+    # repeated them would pay for them twice on every request.
+    proxy = await start_proxy(**CUT_EVERY_TURN)
+    s = Session(proxy, upstream)
+    rule, kept = "Never push to main without a review.", "Always run the linter before committing."
+    await s.say(f"Fix the parser. {rule} {kept}")
+    await runtime(proxy).queue.join()
+
+    sent = await s.say(f"Now fix the lexer. {rule}")
+    await runtime(proxy).queue.join()
+    later = await s.say("And the formatter, the same way.")
+
+    def constraint(text: str) -> str:
+        return f'kind="constraint">{text}</memory>'
+
+    assert "Fix the parser" not in " ".join(user_texts(sent))  # the first turn was cut
+    assert "Fix the parser" not in standing_memory(sent)  # a finished task, not repeated
+    assert constraint(kept) in standing_memory(sent)
+    assert constraint(rule) not in memory_text(sent)  # the forwarded prompt says it
+    assert constraint(rule) in standing_memory(later)  # cut in its turn: shown again

@@ -100,7 +100,7 @@ async def test_working_memory_is_stored_once_answered_and_before_the_answer_goes
     await answer(rig.step, ex)
 
     working = await rig.store.list(None, types=["working"])
-    assert sorted(m.text for m in working) == ["Never use unsafe code.", "Port the CLI to Rust."]
+    assert sorted(m.text for m in working) == ["Go on.", "Never use unsafe code."]
     assert await rig.store.list(None, types=["episodic"]) == []  # still queued
 
     rig.queue.start()
@@ -142,7 +142,8 @@ async def test_a_compaction_request_is_left_alone(rig: Rig) -> None:
 @pytest.mark.parametrize("rig", [{"memory_placement": "instructions"}], indirect=True)
 async def test_instructions_placement_puts_every_block_in_the_system_prompt(rig: Rig) -> None:
     rig.queue.start()
-    prompts = ["Set up the repo.", "Our database is PostgreSQL 15 on port 5433.",
+    prompts = ["Set up the repo. Never commit to main.",
+               "Our database is PostgreSQL 15 on port 5433.",
                "step three", "step four"]
     for n in range(1, len(prompts) + 1):
         await rig.run(history(*prompts[:n]), turn_id=f"t{n}")

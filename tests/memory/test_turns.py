@@ -86,10 +86,11 @@ def test_episodes_are_completed_turns_with_their_secrets_redacted() -> None:
 def test_working_memory_is_the_task_and_the_constraints() -> None:
     items = [*codex.context_items(), *codex.text_turn("Build a CLI for the wiki. Use click."),
              *codex.text_turn("Never print the api key. Always add tests."),
-             codex.text("user", "Don't touch setup.py.")]
+             codex.text("user", "Don't touch setup.py. Now add the export command.")]
     records = derive(SCOPE, "s", split("s", History(items)), now=100.0, ttl_s=1800)
+    # The task is the newest prompt's: the one the session is on now.
     assert [(m.attrs["kind"], m.text) for m in records] == [
-        ("task", "Build a CLI for the wiki. Use click."),
+        ("task", "Don't touch setup.py. Now add the export command."),
         ("constraint", "Never print the api key."),
         ("constraint", "Always add tests."),
         ("constraint", "Don't touch setup.py."),
@@ -121,8 +122,10 @@ def test_working_memory_reads_each_prompt_once(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(working, "_said", _fresh_memo())
     cold = derive(SCOPE, "s", split("s", History(items)), now=1.0, ttl_s=60)
     assert _without_ids(again) == _without_ids(cold)
-    assert _without_ids(again)[: len(first)] == _without_ids(first)
-    assert [m.text for m in again][-1] == "Always run clippy before you push."
+    # The earlier constraints as they were, the task now the newest prompt's.
+    assert _without_ids(again)[1 : len(first)] == _without_ids(first)[1:]
+    assert again[0].text == again[-1].text == (
+        "Always run clippy before you push.")
 
 
 def test_the_prompt_memo_counts_the_prompts_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
