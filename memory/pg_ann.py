@@ -64,14 +64,15 @@ class Ann:
         (not installed, or CREATE EXTENSION not allowed) log once and stay off."""
         found = await (await conn.execute(_EXTENSION)).fetchone()
         if found is None:
+            refused: psycopg.Error | None = None
             try:
                 await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             except psycopg.Error as exc:
-                log.info("pgvector: not available (%s): vectors are searched in process",
-                         type(exc).__name__)
-                return False
+                refused = exc  # or another replica created it at the same moment
             found = await (await conn.execute(_EXTENSION)).fetchone()
             if found is None:
+                log.info("pgvector: not available (%s): vectors are searched in process",
+                         type(refused).__name__)
                 return False
         schema, version = str(found[0]), str(found[1])
         quoted = '"' + schema.replace('"', '""') + '"'
@@ -80,6 +81,9 @@ class Ann:
         if await (await conn.execute(_COLUMN)).fetchone() is None:
             await conn.execute(
                 f"ALTER TABLE memory_vectors ADD COLUMN IF NOT EXISTS embedding {self._type}")
+            # What the column lacks, found at each open without reading every vector.
+            await conn.execute("CREATE INDEX IF NOT EXISTS memory_vectors_unfilled"
+                               " ON memory_vectors (seq) WHERE embedding IS NULL")
         await self._backfill(conn)
         self.ready = True
         log.info("pgvector %s: vectors are searched in the database", version)

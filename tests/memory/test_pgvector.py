@@ -4,6 +4,7 @@ no ``vector`` extension (CI installs PostgreSQL from Debian's packages: no pgvec
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -152,3 +153,20 @@ async def test_vectors_stored_before_pgvector_are_searched_once_it_is_on(
     expected = (await exact.vector_search(SCOPE, query, MODEL, limit=20, now=T0))[:3]
     assert len(found) == 3
     assert _seen(found) == _seen(expected)
+
+
+async def test_replicas_opening_together_all_search_with_pgvector(
+    pg_url: str, stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    _, exact = stores
+    await _store(exact, np.random.default_rng(9), 10)  # vectors the replicas fill at open
+    replicas = [PostgresStore(pg_url) for _ in range(3)]
+    await asyncio.gather(*(r.open() for r in replicas))
+    try:
+        assert all(r.pgvector for r in replicas)
+        query = _unit(np.random.default_rng(10), 8)
+        found = [_seen(await r.vector_search(SCOPE, query, MODEL, limit=3, now=T0))
+                 for r in replicas]
+    finally:
+        await asyncio.gather(*(r.close() for r in replicas))
+    assert found[0] and found[0] == found[1] == found[2]
