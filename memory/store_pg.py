@@ -460,6 +460,14 @@ class PostgresStore:
             async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
                 return await self._ann.search(conn, scope, vector, model, types=types,
                                               limit=limit, now=now)
+        return await self._search_copy(scope, vector, model, types=types, limit=limit, now=now)
+
+    async def _search_copy(
+        self, scope: Scope, vector: np.ndarray, model: str, *,
+        types: Sequence[MemoryType], limit: int, now: float | None,
+    ) -> builtins.list[Hit]:
+        """``vector_search`` without pgvector: on this process's copy of the scope's vectors
+        (memory.vectors.VectorIndex), brought up to date first."""
         params: dict[str, Any] = {
             "since": self._vectors.since(scope, model), "model": model,
             "service_id": scope.service_id, "team_id": scope.team_id,
