@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,6 +122,12 @@ class Ann:
         except psycopg.errors.UniqueViolation:
             pass  # another replica created it at the same moment
         self._indexed.add(dim)
+
+    def unindexed(self, dims: Iterable[int]) -> set[int]:
+        """Which of ``dims`` need ``index`` first (none while the extension is off)."""
+        if not self.ready:
+            return set()
+        return {d for d in dims if d not in self._indexed and 0 < d <= MAX_DIMS}
 
     def embeddings(self, rows: Sequence[VectorRow]) -> list[str | None]:
         """Each row's column value (None: too long for an index, searched as without)."""

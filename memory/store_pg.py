@@ -379,9 +379,10 @@ class PostgresStore:
         if not rows:
             return
         pairs = list(dict.fromkeys((r.memory_id, r.model) for r in rows))
-        if self._ann.ready:
+        new_dims = self._ann.unindexed(len(r.vector) // 4 for r in rows)
+        if new_dims:
             async with self._conn() as conn:
-                for dim in {len(r.vector) // 4 for r in rows}:
+                for dim in new_dims:
                     await self._ann.index(conn, dim)
         async with self._conn(atomic=True) as conn, conn.cursor() as cur:
             await cur.execute(
