@@ -1,9 +1,11 @@
 """The PostgreSQL memory store: one database that many proxy replicas share.
 
 psycopg 3 async over a connection pool; the schema and rows are in ``memory.pg_schema``, the
-search in ``memory.pg_search``. Full-text search is a generated ``tsvector`` column
-with a GIN index, ranked with ``ts_rank``. Writes are idempotent upserts on
-(scope, type, key), so two replicas ingesting the same session converge on one record per key.
+search in ``memory.pg_search``; vectors are searched in the database where it has pgvector
+(``memory.pg_ann``), else in process (``memory.vectors``). Full-text search is a generated
+``tsvector`` column with a GIN index, ranked with ``ts_rank``. Writes are idempotent upserts
+on (scope, type, key), so two replicas ingesting the same session converge on one record per
+key.
 Every driver error leaves this module as ``StoreError``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -23,6 +26,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from ctxproxy.memory.model import MEMORY_TYPES, Hit, Memory, MemoryType, Scope, StoreError
+from ctxproxy.memory.pg_ann import Ann
 from ctxproxy.memory.pg_schema import (
     COLUMNS,
     M_COLUMNS,
@@ -36,6 +40,8 @@ from ctxproxy.memory.vectors import REREAD, VECTOR_BYTES, VectorIndex, VectorRow
 from ctxproxy.plumbing.pg import Pool, open_pool
 
 __all__ = ["PostgresStore"]
+
+log = logging.getLogger("ctxproxy.memory")
 
 _FORGET = """
 WITH gone AS (
@@ -72,6 +78,14 @@ _VECTOR_ROWS = """
 SELECT seq, memory_id, chunk, start_at, end_at, vector FROM memory_vectors
 WHERE seq = ANY(%(seqs)s) ORDER BY seq
 """
+# {column}...: the pgvector column, where the store has it (memory.pg_ann).
+_PUT_VECTORS = """INSERT INTO memory_vectors (memory_id, chunk, start_at, end_at, model, digest,
+    vector{column}) SELECT r.memory_id, r.chunk, r.s, r.e, r.model, r.digest, r.vector{value}
+    FROM unnest(%s::text[], %s::int[], %s::int[], %s::int[], %s::text[], %s::text[],
+    %s::bytea[]{array}) AS r(memory_id, chunk, s, e, model, digest, vector{alias})
+    WHERE EXISTS (SELECT 1 FROM memories m WHERE m.memory_id = r.memory_id)
+    ON CONFLICT (memory_id, model, chunk) DO NOTHING"""
+_PUT_PLAIN = _PUT_VECTORS.format(column="", value="", array="", alias="")
 _SPANS = f"""SELECT {M_COLUMNS}, ARRAY(
     SELECT ARRAY[v.start_at, v.end_at] FROM memory_vectors v
     WHERE v.memory_id = m.memory_id AND v.model = %s ORDER BY v.chunk)
@@ -115,7 +129,8 @@ class PostgresStore:
     """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
 
     def __init__(self, url: str, *, max_connections: int = 10, timeout_s: float = 5.0,
-                 idle_check_s: float = IDLE_CHECK_S, vector_bytes: int = VECTOR_BYTES) -> None:
+                 idle_check_s: float = IDLE_CHECK_S, vector_bytes: int = VECTOR_BYTES,
+                 pgvector: bool = True) -> None:
         self._url = url  # holds the password: never logged
         self._max = max_connections
         self._timeout_s = timeout_s
@@ -123,6 +138,8 @@ class PostgresStore:
         self._pool: Pool | None = None
         self._search = Search()
         self._vectors = VectorIndex(reread=REREAD, max_bytes=vector_bytes)
+        self._pgvector = pgvector  # False: never the extension (the A/B of bench/pg_search.py)
+        self._ann = Ann()
 
     def __repr__(self) -> str:
         return "PostgresStore(<url>)"
@@ -139,6 +156,19 @@ class PostgresStore:
             )
         except (psycopg.Error, OSError) as exc:
             raise StoreError(f"postgres: cannot open the memory store: {exc}") from exc
+        if self._pgvector:
+            try:
+                async with self._pool.connection() as conn:
+                    await self._ann.setup(conn)
+            except psycopg.Error as exc:  # e.g. a role that may not alter memory_vectors
+                log.warning("pgvector: not used (%s): vectors are searched in process",
+                            type(exc).__name__)
+                self._ann.ready = False
+
+    @property
+    def pgvector(self) -> bool:
+        """Whether vectors are searched in the database (pgvector), not in process."""
+        return self._ann.ready
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -349,23 +379,27 @@ class PostgresStore:
         if not rows:
             return
         pairs = list(dict.fromkeys((r.memory_id, r.model) for r in rows))
+        new_dims = self._ann.unindexed(len(r.vector) // 4 for r in rows)
+        if new_dims:
+            async with self._conn() as conn:
+                for dim in new_dims:
+                    await self._ann.index(conn, dim)
         async with self._conn(atomic=True) as conn, conn.cursor() as cur:
             await cur.execute(
                 "DELETE FROM memory_vectors v USING unnest(%s::text[], %s::text[]) AS d(id, model)"
                 " WHERE v.memory_id = d.id AND v.model = d.model",
                 ([p[0] for p in pairs], [p[1] for p in pairs]),
             )
-            await cur.execute(
-                "INSERT INTO memory_vectors (memory_id, chunk, start_at, end_at, model, digest,"
-                " vector) SELECT r.* FROM unnest(%s::text[], %s::int[], %s::int[], %s::int[],"
-                " %s::text[], %s::text[], %s::bytea[]) AS r(memory_id, chunk, s, e, model,"
-                " digest, vector) WHERE EXISTS"
-                " (SELECT 1 FROM memories m WHERE m.memory_id = r.memory_id)"
-                " ON CONFLICT (memory_id, model, chunk) DO NOTHING",
-                ([r.memory_id for r in rows], [r.chunk for r in rows],
-                 [r.start for r in rows], [r.end for r in rows], [r.model for r in rows],
-                 [r.digest for r in rows], [r.vector for r in rows]),
-            )
+            values = ([r.memory_id for r in rows], [r.chunk for r in rows],
+                      [r.start for r in rows], [r.end for r in rows], [r.model for r in rows],
+                      [r.digest for r in rows], [r.vector for r in rows])
+            if not self._ann.ready:
+                await cur.execute(_PUT_PLAIN, values)
+                return
+            await cur.execute(_PUT_VECTORS.format(
+                column=", embedding", value=f", r.emb::{self._ann.type}", array=", %s::text[]",
+                alias=", emb"),
+                (*values, self._ann.embeddings(rows)))
 
     async def cached_vectors(self, model: str, digests: Sequence[str]) -> dict[str, bytes]:
         wanted = list(dict.fromkeys(digests))
@@ -423,6 +457,18 @@ class PostgresStore:
     ) -> builtins.list[Hit]:
         if not types or limit <= 0:
             return []
+        if self._ann.searches(vector):
+            async with self._conn(atomic=True) as conn:  # SET LOCAL ends with the transaction
+                return await self._ann.search(conn, scope, vector, model, types=types,
+                                              limit=limit, now=now)
+        return await self._search_copy(scope, vector, model, types=types, limit=limit, now=now)
+
+    async def _search_copy(
+        self, scope: Scope, vector: np.ndarray, model: str, *,
+        types: Sequence[MemoryType], limit: int, now: float | None,
+    ) -> builtins.list[Hit]:
+        """``vector_search`` without pgvector: on this process's copy of the scope's vectors
+        (memory.vectors.VectorIndex), brought up to date first."""
         params: dict[str, Any] = {
             "since": self._vectors.since(scope, model), "model": model,
             "service_id": scope.service_id, "team_id": scope.team_id,
