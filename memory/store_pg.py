@@ -125,6 +125,9 @@ class _IdleCheck:
         self._returned[conn] = time.monotonic()
 
 
+_ANN_LOCK = "SELECT pg_advisory_{}(hashtext('ctxproxy.memory.ann:' || current_schema()))"
+
+
 class PostgresStore:
     """Memory records in PostgreSQL (``CTXPROXY_STORE_URL=postgresql://...``)."""
 
@@ -159,7 +162,13 @@ class PostgresStore:
         if self._pgvector:
             try:
                 async with self._pool.connection() as conn:
-                    await self._ann.setup(conn)
+                    # One replica at a time: replicas opening together raced on the column
+                    # and indexes the set-up adds (a UniqueViolation left one without).
+                    await conn.execute(_ANN_LOCK.format("lock"))
+                    try:
+                        await self._ann.setup(conn)
+                    finally:
+                        await conn.execute(_ANN_LOCK.format("unlock"))
             except psycopg.Error as exc:  # e.g. a role that may not alter memory_vectors
                 log.warning("pgvector: not used (%s): vectors are searched in process",
                             type(exc).__name__)

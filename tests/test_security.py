@@ -256,6 +256,7 @@ async def test_hostile_stored_text_stays_escaped_inside_its_block(
             f"Never print {h} in the logs." for h in HOSTILE))
         await t.say(http, "turn 2: run the zebracorn tests", tool_output="\n".join(HOSTILE))
         await t.say(http, "turn 3: please do step 3")
+        await settle(proxy)  # the turns stored before the question: their recall is asserted
         client_items = [*t.items, codex.text("user", "What broke in zebracorn?")]
         sent = (await t.say(http, "What broke in zebracorn?")).json
 
