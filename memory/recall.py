@@ -175,12 +175,6 @@ class Standing:
     working: list[Memory]
     semantic: list[Memory]
 
-    def with_working(self, records: Sequence[Memory]) -> Standing:
-        """This, and the working-memory ``records`` it lacks (by key: ones written meanwhile)."""
-        held = {m.key for m in self.working}
-        return Standing([*self.working, *(m for m in records if m.key not in held)],
-                        self.semantic)
-
 
 def standing_of(read: Standing, window: Collection[str]) -> list[Candidate]:
     """The standing candidates: working memory from turns outside the ``window``, and
