@@ -369,6 +369,13 @@ class Settings(BaseSettings):
         "section): no gate keeps that noise out without losing facts.",
     )
 
+    memory_pgvector: bool = Field(
+        True,
+        description="On PostgreSQL: search vectors in the database with pgvector (an HNSW "
+        "index) when it has the `vector` extension or this role may create it. Off: every "
+        "process keeps its copy of the scopes' vectors (VECTOR_CACHE_MB) and never alters "
+        "the schema for pgvector.",
+    )
     vector_cache_mb: float = Field(
         256.0, gt=0,
         description="MiB of memory vectors each process holds for the exact search, loaded "

@@ -141,7 +141,7 @@ class PostgresStore:
         self._pool: Pool | None = None
         self._search = Search()
         self._vectors = VectorIndex(reread=REREAD, max_bytes=vector_bytes)
-        self._pgvector = pgvector  # False: never the extension (bench/pg_vectors.py A/B)
+        self._pgvector = pgvector  # False: never the extension (MEMORY_PGVECTOR)
         self._ann = Ann()
 
     def __repr__(self) -> str:

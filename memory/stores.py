@@ -17,7 +17,8 @@ def make_store(settings: Settings, *, serving: bool = False) -> Store:
     if url:
         from ctxproxy.memory.store_pg import PostgresStore
 
-        return PostgresStore(url, vector_bytes=int(settings.vector_cache_mb * 2**20))
+        return PostgresStore(url, vector_bytes=int(settings.vector_cache_mb * 2**20),
+                             pgvector=settings.memory_pgvector)
     from ctxproxy.memory.store_sqlite import SqliteStore
 
     return SqliteStore(settings.data_dir / "memory.sqlite3",

@@ -11,8 +11,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from ctxproxy.config import Settings
 from ctxproxy.memory.model import Hit, Memory, MemoryType, Scope
 from ctxproxy.memory.store_pg import PostgresStore
+from ctxproxy.memory.stores import make_store
 from ctxproxy.memory.vectors import VectorRow, pack
 
 pytestmark = pytest.mark.postgres
@@ -170,3 +172,20 @@ async def test_replicas_opening_together_all_search_with_pgvector(
     finally:
         await asyncio.gather(*(r.close() for r in replicas))
     assert found[0] and found[0] == found[1] == found[2]
+
+
+async def test_the_setting_off_keeps_the_search_in_process_where_the_extension_is(
+    stores: tuple[PostgresStore, PostgresStore], pg_url: str,
+) -> None:
+    """``CTXPROXY_MEMORY_PGVECTOR=false`` reaches the store ``make_store`` builds: on a
+    database with the extension (the fixture skips otherwise) it searches in process."""
+    ann, _ = stores
+    assert ann.pgvector
+    for on in (False, True):
+        store = make_store(Settings(store_url=pg_url, memory_pgvector=on))
+        assert isinstance(store, PostgresStore)
+        await store.open()
+        try:
+            assert store.pgvector is on
+        finally:
+            await store.close()
